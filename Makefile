@@ -1,0 +1,71 @@
+# Attention as Transport -- the two commands a newcomer runs:
+#   make book   set up .venv (once), execute every lab, build the HTML into _build/html
+#   make test   same set-up, then every check CI runs (lint, unit tests, notebooks, book, browser)
+# Both are idempotent: the venv is reused until requirements*.txt or pyproject.toml change.
+
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+
+VENV     ?= .venv
+PY       := $(VENV)/bin/python
+STAMP    := $(VENV)/.installed
+# On CPU machines torch must be installed before anything that depends on it, or pip pulls the
+# multi-GB CUDA build. Override on a GPU machine, e.g. `make book TORCH_SPEC=torch`.
+TORCH_SPEC ?= torch==2.13.0
+HTML     := _build/html
+
+# Without a GPU, run the Triton kernels through Triton's interpreter (tests and labs use small shapes).
+HAS_GPU  := $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1)
+KERNEL_ENV := $(if $(HAS_GPU),,TRITON_INTERPRET=1)
+PIP      := $(PY) -m pip install --quiet --disable-pip-version-check
+
+.PHONY: help install book test lint unit notebooks book-build browser bench clean
+
+help:
+	@echo "make book   -- build the book into $(HTML) (creates $(VENV) if missing)"
+	@echo "make test   -- lint, unit tests, notebooks (nbval), book build (-W), browser check"
+	@echo "make bench  -- GPU benchmarks (writes benchmarks/results/*.json)"
+
+$(PY):
+	python3 -m venv $(VENV)
+
+$(STAMP): requirements.txt requirements-dev.txt pyproject.toml | $(PY)
+	$(PY) -c "import torch" 2>/dev/null || $(PIP) "$(TORCH_SPEC)"
+	$(PIP) -r requirements-dev.txt
+	$(PIP) --no-deps -e .
+	$(PY) -m ipykernel install --sys-prefix --name python3 >/dev/null
+	touch $@
+
+install: $(STAMP)
+
+book: install book-build
+	@echo
+	@echo "The book is built: open $(abspath $(HTML))/index.html"
+
+book-build: install
+	$(KERNEL_ENV) $(VENV)/bin/jupyter-book build . --warningiserror --keep-going
+
+lint: install
+	$(VENV)/bin/ruff check attnlib tests benchmarks scripts notebooks
+
+unit: install
+	$(VENV)/bin/pytest tests
+
+notebooks: install
+	$(KERNEL_ENV) $(VENV)/bin/pytest --nbval-lax -p no:cacheprovider notebooks
+
+browser: install
+	@command -v chromium >/dev/null || { echo "chromium not found: apt-get install -y chromium"; exit 1; }
+	$(PY) scripts/browser_check.py $(HTML)
+
+test: install
+	@start=$$(date +%s); \
+	$(MAKE) --no-print-directory lint unit notebooks book-build browser; \
+	echo "make test: all checks passed in $$(( $$(date +%s) - start )) s"
+
+bench: install
+	$(PY) benchmarks/attention.py
+
+clean:
+	rm -rf _build .pytest_cache .hypothesis

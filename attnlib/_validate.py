@@ -1,0 +1,89 @@
+"""Input checks shared by every public op, and their error messages -- written once.
+
+Messages name the argument, what was expected and what came, e.g.
+``k has shape (2, 4, 50, 16); expected (2, 4, *, 32) to match q (batch, heads, dim)``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def _shape(t: torch.Tensor) -> tuple[int, ...]:
+    return tuple(t.shape)
+
+
+def check_tensor(name: str, x, *, ndim: int | None = None, dtypes=FLOAT_DTYPES,
+                 min_ndim: int | None = None) -> torch.Tensor:
+    """Check that ``x`` is a tensor of one of ``dtypes`` with ``ndim`` (or at least ``min_ndim``) dims."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor; got {type(x).__name__}")
+    if dtypes is not None and x.dtype not in dtypes:
+        allowed = ", ".join(str(d).replace("torch.", "") for d in dtypes)
+        raise TypeError(f"{name} has dtype {str(x.dtype).replace('torch.', '')}; expected one of {allowed}")
+    if ndim is not None and x.dim() != ndim:
+        raise ValueError(f"{name} has shape {_shape(x)} ({x.dim()} dims); expected {ndim} dims"
+                         + (" [batch, heads, time, dim]" if ndim == 4 else ""))
+    if min_ndim is not None and x.dim() < min_ndim:
+        raise ValueError(f"{name} has shape {_shape(x)}; expected at least {min_ndim} dims")
+    return x
+
+
+def check_same_device_dtype(named: Sequence[tuple[str, torch.Tensor]]) -> None:
+    (n0, t0), *rest = named
+    for n, t in rest:
+        if t.device != t0.device:
+            raise ValueError(f"{n} is on {t.device}; expected {t0.device} to match {n0}")
+        if t.dtype != t0.dtype:
+            raise TypeError(f"{n} has dtype {str(t.dtype).replace('torch.', '')}; expected "
+                            f"{str(t0.dtype).replace('torch.', '')} to match {n0}")
+
+
+def check_qkv(q, k, v, *, same_length: bool = False) -> tuple[int, int, int, int, int, int]:
+    """Validate attention inputs ``q: [B, H, Tq, D]``, ``k: [B, H, Tk, D]``, ``v: [B, H, Tk, Dv]``.
+
+    Returns ``(B, H, Tq, Tk, D, Dv)``.
+    """
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        check_tensor(name, t, ndim=4)
+    check_same_device_dtype([("q", q), ("k", k), ("v", v)])
+    B, H, Tq, D = q.shape
+    if k.shape[0] != B or k.shape[1] != H or k.shape[3] != D:
+        raise ValueError(f"k has shape {_shape(k)}; expected ({B}, {H}, *, {D}) to match q "
+                         f"(batch, heads, dim)")
+    Tk = k.shape[2]
+    if v.shape[0] != B or v.shape[1] != H or v.shape[2] != Tk:
+        raise ValueError(f"v has shape {_shape(v)}; expected ({B}, {H}, {Tk}, *) to match k "
+                         f"(batch, heads, time)")
+    if same_length and Tq != Tk:
+        raise ValueError(f"causal attention needs as many queries as keys; q has T={Tq}, k has T={Tk}")
+    if Tk == 0 and Tq > 0:
+        raise ValueError(f"k has shape {_shape(k)}: softmax over an empty set of keys is undefined; "
+                         "expected at least one key")
+    if D == 0:
+        raise ValueError(f"q has shape {_shape(q)}; expected a head dimension of at least 1")
+    return B, H, Tq, Tk, D, v.shape[3]
+
+
+def check_positive(name: str, value, *, allow_none: bool = False) -> float | None:
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number; got {type(value).__name__}")
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{name} must be a finite number > 0; got {value!r}")
+    return float(value)
+
+
+def check_power_of_two(name: str, value, *, lo: int, hi: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int; got {type(value).__name__}")
+    if value < lo or value > hi or value & (value - 1):
+        raise ValueError(f"{name} must be a power of two in [{lo}, {hi}]; got {value}")
+    return value

@@ -1,0 +1,109 @@
+"""Softmax attention -- chapter 1's operator.
+
+For one head, with scores ``s_ij = scale * q_i . k_j`` (and ``s_ij = -inf`` above the diagonal when
+causal), the output is ``o_i = sum_j P_ij v_j`` with ``P_ij = exp(s_ij - lse_i)`` and
+
+    lse_i = log sum_j exp(s_ij).
+
+Chapter 1 reads ``P`` as the unique optimal plan of a one-sided entropic transport problem with
+cost ``C = -s / scale`` and regulariser ``eps = 1 / scale``, and ``lse`` as (minus, per unit eps) its
+dual potential: the one number per row that the flash kernel keeps.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from . import _validate
+from ._backend import resolve_backend
+
+
+def softmax_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
+                                scale: float, causal: bool = False
+                                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The definition, in plain PyTorch.  ``q, k: [B, H, T, D]``, ``v: [B, H, T, Dv]``.
+
+    Computes in float32 (float64 for float64 inputs) so that half-precision inputs with huge
+    logits stay finite. Returns ``(o [B, H, Tq, Dv] in q's dtype, lse [B, H, Tq] in float32/64)``.
+    """
+    acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+    s = scale * (q.to(acc) @ k.to(acc).transpose(-1, -2))            # [B, H, Tq, Tk]
+    if causal:
+        Tq, Tk = s.shape[-2:]
+        keep = torch.ones(Tq, Tk, dtype=torch.bool, device=s.device).tril()
+        s = s.masked_fill(~keep, float("-inf"))
+    lse = torch.logsumexp(s, dim=-1)                                  # [B, H, Tq]
+    p = torch.exp(s - lse.unsqueeze(-1))                              # rows sum to 1
+    o = p @ v.to(acc)
+    return o.to(q.dtype), lse
+
+
+class _TritonAttention(torch.autograd.Function):
+    """Forward: the Triton flash kernel. Backward: PyTorch, from the saved LSE.
+
+    The backward recomputes ``P = exp(s - lse)`` (no second softmax: the dual potential is all it
+    needs) and applies ``dS = P * (dP - delta)`` with ``delta_i = sum_j P_ij dP_ij = do_i . o_i`` --
+    chapter 1's "advantage with a baseline" form of the softmax gradient.
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v, scale, causal):
+        from .kernels.flash_fwd import flash_attention_forward
+        o, lse = flash_attention_forward(q, k, v, scale=scale, causal=causal)
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.scale, ctx.causal = scale, causal
+        return o, lse
+
+    @staticmethod
+    def backward(ctx, do, dlse):
+        q, k, v, o, lse = ctx.saved_tensors
+        f32 = torch.float32
+        qf, kf, vf, of, dof = (t.to(f32) for t in (q, k, v, o, do))
+        s = ctx.scale * (qf @ kf.transpose(-1, -2))
+        if ctx.causal:
+            T = s.shape[-1]
+            s = s.masked_fill(~torch.ones(T, T, dtype=torch.bool, device=s.device).tril(), float("-inf"))
+        p = torch.exp(s - lse.unsqueeze(-1))
+        dv = p.transpose(-1, -2) @ dof
+        dp = dof @ vf.transpose(-1, -2)
+        delta = (dof * of).sum(-1, keepdim=True)                       # the baseline E_p[dP]
+        ds = p * (dp - delta)
+        if dlse is not None:                                           # d lse_i / d s_ij = P_ij
+            ds = ds + p * dlse.to(f32).unsqueeze(-1)
+        dq = ctx.scale * (ds @ kf)
+        dk = ctx.scale * (ds.transpose(-1, -2) @ qf)
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None
+
+
+def softmax_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
+                      scale: float | None = None, causal: bool = False, return_lse: bool = False,
+                      backend: str = "auto"):
+    """Scaled dot-product softmax attention.
+
+    Args:
+        q: ``[B, H, Tq, D]`` queries.  k: ``[B, H, Tk, D]`` keys.  v: ``[B, H, Tk, Dv]`` values.
+        scale: multiplies ``q . k``; ``None`` means ``1 / sqrt(D)``.
+        causal: query ``i`` sees keys ``j <= i`` (needs ``Tq == Tk``).
+        return_lse: also return ``lse [B, H, Tq]``, the natural-log log-sum-exp of each row's
+            scaled (masked) scores -- the dual potential of chapter 1. float32 (float64 for float64).
+        backend: ``"auto"`` (Triton on CUDA, reference elsewhere), ``"torch"`` or ``"triton"``.
+
+    Returns:
+        ``o [B, H, Tq, Dv]`` in the inputs' dtype, or ``(o, lse)``.
+    """
+    _validate.check_qkv(q, k, v, same_length=bool(causal))
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool; got {type(causal).__name__}")
+    D = q.shape[-1]
+    scale = 1.0 / math.sqrt(D) if scale is None else _validate.check_positive("scale", scale)
+    which = resolve_backend(backend, q)
+    if which == "triton":
+        if q.dtype not in _validate.KERNEL_DTYPES:
+            raise TypeError(f"q has dtype {q.dtype}; the Triton kernel takes float16, bfloat16 or "
+                            "float32 (use backend='torch' for float64)")
+        o, lse = _TritonAttention.apply(q, k, v, scale, causal)
+    else:
+        o, lse = softmax_attention_reference(q, k, v, scale=scale, causal=causal)
+    return (o, lse) if return_lse else o

@@ -1,0 +1,73 @@
+"""What every lab notebook's first cells need: seeds, device, quick/full scale, figure rendering.
+
+    from attnlib.lab import setup
+    lab = setup(seed=0)          # lab.device, lab.quick, lab.scale(small, large)
+
+Quick mode (the default on a CPU: CI's 2 cores must run each notebook in about a minute) shrinks
+the experiments; on a GPU, or with ``ATTNBOOK_FULL=1``, they run at full scale.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import sys
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+
+@dataclass(frozen=True)
+class Lab:
+    seed: int
+    device: torch.device
+    quick: bool
+    on_colab: bool
+
+    def scale(self, quick, full):
+        """Pick the quick-mode value or the full-scale one."""
+        return quick if self.quick else full
+
+    def generator(self, offset: int = 0) -> torch.Generator:
+        """A CPU generator seeded from the lab's seed (``offset`` gives independent streams)."""
+        return torch.Generator().manual_seed(self.seed + offset)
+
+
+def in_colab() -> bool:
+    return "google.colab" in sys.modules
+
+
+def configure_plotly() -> None:
+    """Make Plotly figures show up both in live kernels and in the built book.
+
+    Under ipykernel plotly 6/7 emits only its own JSON mime type, which Jupyter Book 1 drops; the
+    ``notebook`` renderer adds an HTML output with plotly.js inlined, which the static page shows.
+    Colab has its own renderer, which plotly picks by itself.
+    """
+    import plotly.io as pio
+
+    if in_colab():
+        return
+    pio.renderers.default = os.environ.get("PLOTLY_RENDERER", "plotly_mimetype+notebook")
+    # HTML renderers auto-play a figure's frames on load; ours are slider steps, not animations.
+    for name in ("notebook", "notebook_connected"):
+        pio.renderers[name].auto_play = False
+
+
+def setup(seed: int = 0) -> Lab:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    quick = device.type == "cpu" and os.environ.get("ATTNBOOK_FULL", "0") != "1"
+    colab = in_colab()
+    if colab:  # plotly's FigureWidget is an anywidget: Colab needs its custom widget manager
+        try:
+            from google.colab import output  # type: ignore[import-not-found]
+            output.enable_custom_widget_manager()
+        except Exception:  # noqa: BLE001 - a missing manager only costs the live widgets
+            pass
+    configure_plotly()
+    torch.set_printoptions(precision=4, sci_mode=False)
+    return Lab(seed=seed, device=device, quick=quick, on_colab=colab)
