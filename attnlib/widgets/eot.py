@@ -63,8 +63,8 @@ def _plans(C: torch.Tensor, eps: float, b: torch.Tensor | None) -> tuple[torch.T
 def _title(C, eps, one, two) -> str:
     def stats(P):
         return f"H={eot.entropy(P).item():.2f}, obj={eot.objective(P, C, eps).item():.2f}"
-    return (f"ε = {eps:.3g} — one-sided (softmax): {stats(one)}   |   "
-            f"two-sided (Sinkhorn): {stats(two)}")
+    return (f"ε = {eps:.3g}<br><sup>one-sided (softmax): {stats(one)}   |   "
+            f"two-sided (Sinkhorn): {stats(two)}</sup>")
 
 
 def transport_plan_figure(C, eps_values: Sequence[float], *, b=None, active: int | None = None) -> go.Figure:
