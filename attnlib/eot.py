@@ -157,7 +157,7 @@ def sinkhorn(C: torch.Tensor, eps: float, a: torch.Tensor | None = None, b: torc
     f = torch.zeros(C.shape[:-1], dtype=C.dtype, device=C.device)
     g = torch.zeros(C.shape[:-2] + (Nk,), dtype=C.dtype, device=C.device)
     it = 0
-    for it in range(1, n_iter + 1):
+    for it in range(1, n_iter + 1):  # noqa: B007 - the count is returned
         f = eps * log_a - eps * torch.logsumexp((g.unsqueeze(-2) - C) / eps, dim=-1)
         g = eps * log_b - eps * torch.logsumexp((f.unsqueeze(-1) - C) / eps, dim=-2)
         # After the g-update columns are exact; measure the rows, which the next f-update fixes.

@@ -57,7 +57,7 @@ def configure_plotly() -> None:
 
 def setup(seed: int = 0) -> Lab:
     random.seed(seed)
-    np.random.seed(seed)
+    np.random.seed(seed)  # noqa: NPY002 - notebooks may use the legacy global generator
     torch.manual_seed(seed)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     quick = device.type == "cpu" and os.environ.get("ATTNBOOK_FULL", "0") != "1"

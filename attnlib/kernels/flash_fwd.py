@@ -26,7 +26,6 @@ Head dims that are not powers of two are padded to ``BLOCK_D`` with masked loads
 
 from __future__ import annotations
 
-
 import torch
 import triton
 import triton.language as tl
