@@ -6,8 +6,7 @@ and a Triton kernel, behind one function with ``backend="auto" | "torch" | "trit
 
 from . import eot
 from .attention import softmax_attention, softmax_attention_reference
-from .linear import linear_attention, linear_attention_decode_step
 
 __version__ = "0.1.0"
 
-__all__ = ["softmax_attention", "softmax_attention_reference", "linear_attention", "linear_attention_decode_step", "eot", "__version__"]
+__all__ = ["softmax_attention", "softmax_attention_reference", "eot", "__version__"]
