@@ -50,7 +50,7 @@ lint: install
 	$(VENV)/bin/ruff check attnlib tests benchmarks scripts notebooks
 
 unit: install
-	$(VENV)/bin/pytest tests
+	$(VENV)/bin/pytest -p no:cacheprovider tests
 
 notebooks: install
 	$(KERNEL_ENV) $(VENV)/bin/pytest --nbval-lax -p no:cacheprovider notebooks
