@@ -4,9 +4,15 @@ One module per chapter's mechanism; each op has a reference in plain PyTorch (th
 and a Triton kernel, behind one function with ``backend="auto" | "torch" | "triton"``.
 """
 
-from . import eot
+from . import eot, needle
 from .attention import softmax_attention, softmax_attention_reference
+from .sparse import block_sparse_attention
 
 __version__ = "0.1.0"
 
-__all__ = ["softmax_attention", "softmax_attention_reference", "eot", "__version__"]
+__all__ = [
+    "softmax_attention", "softmax_attention_reference",   # chapter 1
+    "eot",
+    "needle", "block_sparse_attention",                   # chapter 2
+    "__version__",
+]

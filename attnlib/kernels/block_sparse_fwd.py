@@ -1,0 +1,154 @@
+"""Block-sparse attention forward in Triton: exact softmax over the visited key blocks only.
+
+The inspected set. Chapter 2's adversary reads an algorithm's *inspected set* -- the query-key
+pairs whose scores it actually computes. Here that set is given explicitly, block by block:
+``block_mask[h, I, J]`` says whether query block ``I`` of head ``h`` looks at key block ``J``.
+
+Compact lists, computed in torch before the launch (CSR-like, per head and query block):
+
+    counts[h, I]        -- how many key blocks query block I visits,
+    indices[h, I, t]    -- the t-th visited key block (t < counts[h, I]), padded with 0.
+
+Tiling. The grid is ``(cdiv(Tq, BLOCK), B * H)``: one program owns ``BLOCK`` query rows of one
+(batch, head), keeps its ``q`` tile in registers and walks *only its visited key blocks*
+(``for t in range(counts[h, I])``, then one scalar load of the block index), folding each
+``[BLOCK, BLOCK]`` score tile into the online-softmax state ``(m_i, l_i, acc)`` exactly as the dense
+flash kernel does (``attnlib/kernels/flash_fwd.py``). Unvisited blocks are never loaded: the work
+is proportional to the number of visited blocks, not to ``T^2``.
+
+Every tile is masked (ragged tail ``T % BLOCK``; the diagonal when causal) -- visited sets are
+usually small, so the two-stage unmasked/masked split of the dense kernel is not worth its code.
+
+Rows that see no key (an empty row of the mask, or a causal block with nothing at or left of the
+diagonal) keep ``m = -inf`` and ``l = 0``; they are written as ``o = 0`` and ``lse = -inf``
+(the log of an empty sum), never NaN.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .._backend import INTERPRET
+
+LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _block_sparse_fwd_kernel(Q, K, V, O, LSE, COUNTS, INDICES,
+                             stride_qb, stride_qh, stride_qt, stride_qd,
+                             stride_kb, stride_kh, stride_kt, stride_kd,
+                             stride_vb, stride_vh, stride_vt, stride_vd,
+                             stride_ob, stride_oh, stride_ot, stride_od,
+                             stride_lb, stride_lh, stride_lt,
+                             stride_ch, stride_cm, stride_ih, stride_im, stride_it,
+                             H, T_Q, T_K, D, DV, qk_scale,
+                             BLOCK: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+                             CAUSAL: tl.constexpr, PRECISION: tl.constexpr):
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = pid_bh // H
+    h = pid_bh % H
+    offs_m = pid_m * BLOCK + tl.arange(0, BLOCK)
+    offs_n = tl.arange(0, BLOCK)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+
+    q_ptrs = Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qt + offs_d[None, :] * stride_qd
+    q = tl.load(q_ptrs, mask=(offs_m[:, None] < T_Q) & (offs_d[None, :] < D), other=0.0)
+    # k is read transposed, [BLOCK_D, BLOCK], so that s = q @ k needs no in-register transpose.
+    k_ptrs = K + b * stride_kb + h * stride_kh + offs_n[None, :] * stride_kt + offs_d[:, None] * stride_kd
+    v_ptrs = V + b * stride_vb + h * stride_vh + offs_n[:, None] * stride_vt + offs_dv[None, :] * stride_vd
+
+    m_i = tl.full([BLOCK], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK], dtype=tl.float32)
+    acc = tl.zeros([BLOCK, BLOCK_DV], dtype=tl.float32)
+
+    n_visit = tl.load(COUNTS + h * stride_ch + pid_m * stride_cm)
+    idx_base = INDICES + h * stride_ih + pid_m * stride_im
+    for t in range(0, n_visit):
+        kb = tl.load(idx_base + t * stride_it)                 # one scalar: the visited key block
+        start_n = kb * BLOCK
+        offs_kn = start_n + offs_n
+        k = tl.load(k_ptrs + start_n * stride_kt,
+                    mask=(offs_kn[None, :] < T_K) & (offs_d[:, None] < D), other=0.0)
+        v = tl.load(v_ptrs + start_n * stride_vt,
+                    mask=(offs_kn[:, None] < T_K) & (offs_dv[None, :] < DV), other=0.0)
+        s = tl.dot(q, k, input_precision=PRECISION) * qk_scale                # base-2 logits
+        valid = offs_kn[None, :] < T_K
+        if CAUSAL:
+            valid = valid & (offs_kn[None, :] <= offs_m[:, None])
+        s = tl.where(valid, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)   # empty so far: exp2(-inf) = 0, no NaN
+        alpha = tl.exp2(m_i - m_ref)
+        p = tl.exp2(s - m_ref[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+        m_i = m_new
+
+    empty = l_i == 0.0
+    l_safe = tl.where(empty, 1.0, l_i)
+    o = acc / l_safe[:, None]                                  # empty rows: acc = 0, so o = 0
+    lse = tl.where(empty, float("-inf"), (m_i + tl.log2(l_safe)) * 0.6931471805599453)
+
+    o_ptrs = O + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_ot + offs_dv[None, :] * stride_od
+    tl.store(o_ptrs, o.to(O.dtype.element_ty), mask=(offs_m[:, None] < T_Q) & (offs_dv[None, :] < DV))
+    tl.store(LSE + b * stride_lb + h * stride_lh + offs_m * stride_lt, lse, mask=offs_m < T_Q)
+
+
+def visit_lists(block_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``block_mask [H, nQ, nK]`` bool -> ``(counts [H, nQ] int32, indices [H, nQ, max(1, max count)] int32)``.
+
+    ``indices[h, I, :counts[h, I]]`` lists the visited key blocks of query block ``I`` in increasing
+    order; the rest is padding (0) that the kernel never reads.
+    """
+    counts = block_mask.sum(-1).to(torch.int32)
+    width = max(1, int(counts.max().item()) if counts.numel() else 1)
+    # A stable descending sort of the 0/1 mask puts visited block indices first, in order.
+    order = torch.sort(block_mask.to(torch.int8), dim=-1, descending=True, stable=True).indices
+    indices = order[..., :width].to(torch.int32).contiguous()
+    return counts.contiguous(), indices
+
+
+def block_sparse_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                                   block_mask: torch.Tensor, *, block_size: int, scale: float,
+                                   causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Launch the kernel. Inputs already validated by ``attnlib.block_sparse_attention``.
+
+    ``q, k: [B, H, T, D]``, ``v: [B, H, T, Dv]``, ``block_mask: [H, cdiv(Tq, bs), cdiv(Tk, bs)]``.
+    Returns ``(o, lse float32)``.
+    """
+    if q.device.type == "cpu" and not INTERPRET:
+        raise RuntimeError("the Triton kernel needs a CUDA device or TRITON_INTERPRET=1")
+    B, H, T_Q, D = q.shape
+    T_K, DV = k.shape[2], v.shape[3]
+    if max(D, DV) > 256:
+        raise ValueError(f"the Triton kernel supports head dims up to 256; got D={D}, Dv={DV} "
+                         "(use backend='torch')")
+    if block_size < 16:
+        raise ValueError(f"the Triton kernel needs block_size >= 16 (tl.dot tiles); got {block_size} "
+                         "(use backend='torch')")
+    o = torch.empty(B, H, T_Q, DV, device=q.device, dtype=q.dtype)
+    lse = torch.empty(B, H, T_Q, device=q.device, dtype=torch.float32)
+    if o.numel() == 0:
+        lse.fill_(float("-inf"))
+        return o, lse
+    counts, indices = visit_lists(block_mask.to(q.device))
+    BLOCK_D = max(16, triton.next_power_of_2(D))
+    BLOCK_DV = max(16, triton.next_power_of_2(DV))
+    precision = "ieee" if q.dtype == torch.float32 else "tf32"
+    grid = (triton.cdiv(T_Q, block_size), B * H)
+    _block_sparse_fwd_kernel[grid](
+        q, k, v, o, lse, counts, indices,
+        *q.stride(), *k.stride(), *v.stride(), *o.stride(), *lse.stride(),
+        *counts.stride(), *indices.stride(),
+        H, T_Q, T_K, D, DV, scale * LOG2E,
+        BLOCK=block_size, BLOCK_D=BLOCK_D, BLOCK_DV=BLOCK_DV, CAUSAL=causal, PRECISION=precision,
+        num_warps=4 if block_size <= 64 else 8, num_stages=2,
+    )
+    return o, lse
+
+
+__all__ = ["block_sparse_attention_forward", "visit_lists"]

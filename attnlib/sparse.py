@@ -1,0 +1,114 @@
+"""Block-sparse softmax attention -- chapter 2's "inspected set", made concrete.
+
+Split queries and keys into blocks of ``bs`` positions (the last block may be short). A boolean
+``block_mask [H, nQ, nK]`` with ``nQ = cdiv(Tq, bs)``, ``nK = cdiv(Tk, bs)`` says which key blocks each
+query block visits. With ``S_i`` the keys visited by query ``i`` (and, when causal, ``j <= i``),
+
+    o_i = sum_{j in S_i} exp(s_ij - lse_i) v_j,      lse_i = log sum_{j in S_i} exp(s_ij),
+
+the exact softmax *restricted to* ``S_i``: every score in ``S_i`` is computed, none outside it.
+Chapter 2 plants its needle outside ``S_i``.
+
+Empty rows. A query whose ``S_i`` is empty gets ``o_i = 0`` and ``lse_i = -inf`` (the log of an empty
+sum), in the reference and in the kernel alike -- never NaN.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from . import _validate
+from ._backend import resolve_backend
+
+
+def n_blocks(T: int, block_size: int) -> int:
+    """``cdiv(T, block_size)``: the number of blocks of ``T`` positions (the last may be short)."""
+    return -(-T // block_size)
+
+
+def expand_block_mask(block_mask: torch.Tensor, block_size: int, Tq: int, Tk: int) -> torch.Tensor:
+    """``[H, nQ, nK]`` block mask -> ``[H, Tq, Tk]`` position mask (the tail blocks cut to length)."""
+    m = block_mask.repeat_interleave(block_size, dim=-2).repeat_interleave(block_size, dim=-1)
+    return m[..., :Tq, :Tk]
+
+
+def _check_block_mask(block_mask, *, H: int, Tq: int, Tk: int, block_size: int, device) -> None:
+    if not isinstance(block_mask, torch.Tensor):
+        raise TypeError(f"block_mask must be a torch.Tensor of dtype bool; got {type(block_mask).__name__}")
+    if block_mask.dtype != torch.bool:
+        raise TypeError(f"block_mask has dtype {str(block_mask.dtype).replace('torch.', '')}; "
+                        "expected bool (True = the query block visits the key block)")
+    want = (H, n_blocks(Tq, block_size), n_blocks(Tk, block_size))
+    if tuple(block_mask.shape) != want:
+        raise ValueError(f"block_mask has shape {tuple(block_mask.shape)}; expected {want} = "
+                         f"[H, cdiv(Tq={Tq}, {block_size}), cdiv(Tk={Tk}, {block_size})]")
+    if block_mask.device != device:
+        raise ValueError(f"block_mask is on {block_mask.device}; expected {device} to match q")
+
+
+def block_sparse_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                                     block_mask: torch.Tensor, *, block_size: int, scale: float,
+                                     causal: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """The definition, in plain PyTorch (it builds the ``[T, T]`` scores: a reference, not a fast path).
+
+    Computes in float32 (float64 for float64 inputs). Returns ``(o [B, H, Tq, Dv] in q's dtype,
+    lse [B, H, Tq])``; rows with no visited key give ``o = 0``, ``lse = -inf``.
+    """
+    acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+    Tq, Tk = q.shape[2], k.shape[2]
+    keep = expand_block_mask(block_mask, block_size, Tq, Tk)                   # [H, Tq, Tk]
+    if causal:
+        keep = keep & torch.ones(Tq, Tk, dtype=torch.bool, device=q.device).tril()
+    s = scale * (q.to(acc) @ k.to(acc).transpose(-1, -2))                      # [B, H, Tq, Tk]
+    s = s.masked_fill(~keep, float("-inf"))
+    lse = torch.logsumexp(s, dim=-1)                                           # -inf on empty rows
+    lse_safe = torch.where(torch.isneginf(lse), torch.zeros_like(lse), lse)
+    p = torch.exp(s - lse_safe.unsqueeze(-1))                                  # empty rows: all 0
+    o = p @ v.to(acc)
+    return o.to(q.dtype), lse
+
+
+def block_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                           block_mask: torch.Tensor, *, block_size: int, scale: float | None = None,
+                           causal: bool = False, return_lse: bool = False, backend: str = "auto"):
+    """Softmax attention over the visited key blocks only.
+
+    Args:
+        q: ``[B, H, Tq, D]``.  k: ``[B, H, Tk, D]``.  v: ``[B, H, Tk, Dv]``.
+        block_mask: ``[H, cdiv(Tq, block_size), cdiv(Tk, block_size)]`` bool; ``True`` = visit.
+            Shared across the batch. Any ``T`` works: the tail block is masked.
+        block_size: positions per block, a power of two in ``[1, 1024]`` (the Triton kernel needs
+            ``>= 16``).
+        scale: multiplies ``q . k``; ``None`` means ``1 / sqrt(D)``.
+        causal: additionally keep only ``j <= i`` (needs ``Tq == Tk``).
+        return_lse: also return ``lse [B, H, Tq]`` (``-inf`` for rows that visit no key).
+        backend: ``"auto"`` | ``"torch"`` | ``"triton"``. The kernel skips unvisited blocks: its cost
+            is proportional to ``block_mask.sum()``. Forward only (no autograd through the kernel).
+
+    Returns:
+        ``o [B, H, Tq, Dv]`` (zeros on rows with no visited key), or ``(o, lse)``.
+    """
+    B, H, Tq, Tk, D, Dv = _validate.check_qkv(q, k, v, same_length=bool(causal))
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool; got {type(causal).__name__}")
+    _validate.check_power_of_two("block_size", block_size, lo=1, hi=1024)
+    _check_block_mask(block_mask, H=H, Tq=Tq, Tk=Tk, block_size=block_size, device=q.device)
+    scale = 1.0 / math.sqrt(D) if scale is None else _validate.check_positive("scale", scale)
+    which = resolve_backend(backend, q)
+    if which == "triton":
+        if q.dtype not in _validate.KERNEL_DTYPES:
+            raise TypeError(f"q has dtype {q.dtype}; the Triton kernel takes float16, bfloat16 or "
+                            "float32 (use backend='torch' for float64)")
+        from .kernels.block_sparse_fwd import block_sparse_attention_forward
+        o, lse = block_sparse_attention_forward(q, k, v, block_mask, block_size=block_size,
+                                                scale=scale, causal=causal)
+    else:
+        o, lse = block_sparse_attention_reference(q, k, v, block_mask, block_size=block_size,
+                                                  scale=scale, causal=causal)
+    return (o, lse) if return_lse else o
+
+
+__all__ = ["block_sparse_attention", "block_sparse_attention_reference", "expand_block_mask",
+           "n_blocks"]

@@ -1,0 +1,185 @@
+"""Chapter 2's figures: probe maps with the planted needle, the exact row against the algorithm's row,
+error curves and work curves.
+
+Static versions (``*_figure``) precompute every slider step as a Plotly frame, so they work in the
+built book; :func:`needle_explorer` is the live ipywidgets version (algorithm, M, T).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from .. import needle
+from ._slider import add_frame_slider
+
+EXACT_COLOR, ALGO_COLOR = "#1f77b4", "#d62728"
+
+
+def _probe_z(algo, case) -> np.ndarray:
+    """0/1 map of the exact scores computed (all 0 for feature / low-rank algorithms)."""
+    p = algo.probes(case.q, case.k)
+    if p is None:
+        return np.zeros((case.T, case.T), dtype=np.uint8)
+    return p.numpy().astype(np.uint8)
+
+
+def _rows(algo, case) -> tuple[np.ndarray, np.ndarray, float]:
+    exact = needle.exact_rows(case)[case.i].numpy()
+    got = algo.attend(case.q, case.k, case.v)[0, 0, case.i].double().numpy()
+    return exact, got, float(np.abs(exact - got).sum())
+
+
+def _caption(algo, case, err) -> str:
+    p = algo.probes(case.q, case.k)
+    seen = "no exact score (features / low rank)" if p is None else \
+        f"{int(p.sum())} of {case.T ** 2} scores ({p.float().mean().item():.1%})"
+    return f"{algo.name} [{algo.kind}] — {seen}; needle (i={case.i}, j={case.j}), M={case.M:g}: L1 error {err:.3f}"
+
+
+def probe_map_figure(algos: Sequence, *, M: float = 80.0, active: int = 0) -> go.Figure:
+    """For each algorithm (a slider step): left, its probe map on its own adversarial input
+    (query rows, key columns; dark = score computed) with the needle ``(i, j)`` marked; right, the
+    planted row: exact attention (blue) vs the algorithm's (red)."""
+    algos = list(algos)
+    if not algos:
+        raise ValueError("algos must hold at least one algorithm")
+    fig = make_subplots(rows=1, cols=2, column_widths=[0.5, 0.5], horizontal_spacing=0.08,
+                        subplot_titles=("probe map (dark: exact score computed)", "row i: exact vs algorithm"))
+    frames, labels, caps = [], [], []
+    for n, algo in enumerate(algos):
+        case = needle.attack(algo, M=M)
+        z = _probe_z(algo, case)
+        exact, got, err = _rows(algo, case)
+        caps.append(_caption(algo, case, err))
+        if n == active:
+            fig.add_trace(go.Heatmap(z=z, zmin=0, zmax=1, colorscale=[[0, "#f4f4f4"], [1, "#2b3a55"]],
+                                     showscale=False, hovertemplate="q%{y} · k%{x}: %{z}<extra></extra>"),
+                          row=1, col=1)
+            fig.add_trace(go.Scatter(x=[case.j], y=[case.i], mode="markers", name="needle (i, j)",
+                                     marker=dict(symbol="x", size=14, color="#ff7f0e", line=dict(width=2))),
+                          row=1, col=1)
+            fig.add_trace(go.Scatter(y=exact, mode="lines", name="exact row", line=dict(color=EXACT_COLOR)),
+                          row=1, col=2)
+            fig.add_trace(go.Scatter(y=got, mode="lines", name="algorithm's row",
+                                     line=dict(color=ALGO_COLOR, dash="dot")), row=1, col=2)
+        frames.append(go.Frame(data=[go.Heatmap(z=z), go.Scatter(x=[case.j], y=[case.i]),
+                                     go.Scatter(y=exact), go.Scatter(y=got)],
+                               name=f"algo{n}", traces=[0, 1, 2, 3],
+                               layout=go.Layout(title_text=caps[-1])))
+        labels.append(algo.name)
+    T = algos[0].T
+    fig.update_layout(title=dict(text=caps[active], font=dict(size=13)), height=470,
+                      margin=dict(t=80, l=40, r=20, b=20), legend=dict(x=1.0, xanchor="right", y=1.0,
+                                                                       bgcolor="rgba(255,255,255,0.8)"))
+    fig.update_yaxes(range=[T - 0.5, -0.5], title_text="query i", row=1, col=1)
+    fig.update_xaxes(range=[-0.5, T - 0.5], title_text="key j", row=1, col=1)
+    fig.update_xaxes(title_text="key", row=1, col=2)
+    fig.update_yaxes(range=[-0.05, 1.05], title_text="attention weight", row=1, col=2)
+    return add_frame_slider(fig, frames, labels, prefix="algorithm: ", active=active)
+
+
+def row_vs_M_figure(algo, M_values: Sequence[float], *, active: int | None = None) -> go.Figure:
+    """The planted row of one algorithm as the needle grows: a slider over ``M``."""
+    Ms = [float(m) for m in M_values]
+    if not Ms:
+        raise ValueError("M_values must hold at least one value")
+    active = len(Ms) // 2 if active is None else active
+    frames, caps = [], []
+    for n, M in enumerate(Ms):
+        case = needle.attack(algo, M=M)
+        exact, got, err = _rows(algo, case)
+        caps.append(f"{algo.name}: M = {M:g}, needle mass π(M) = {needle.needle_mass(case.T, M):.3f}, "
+                    f"L1 error {err:.3f}")
+        if n == active:
+            fig = go.Figure([go.Scatter(y=exact, mode="lines", name="exact row", line=dict(color=EXACT_COLOR)),
+                             go.Scatter(y=got, mode="lines", name="algorithm's row",
+                                        line=dict(color=ALGO_COLOR, dash="dot"))])
+        frames.append(go.Frame(data=[go.Scatter(y=exact), go.Scatter(y=got)], name=f"M{n}", traces=[0, 1],
+                               layout=go.Layout(title_text=caps[-1])))
+    fig.update_layout(title=dict(text=caps[active], font=dict(size=13)), height=380,
+                      xaxis_title="key", yaxis=dict(title="attention weight", range=[-0.05, 1.05]),
+                      margin=dict(t=70, b=40))
+    return add_frame_slider(fig, frames, [f"{m:g}" for m in Ms], prefix="M = ", active=active)
+
+
+def error_curves_figure(x_values: Sequence[float], errors: dict[str, Sequence[float]], *, x_title: str,
+                        log_x: bool = False, reference: Sequence[float] | None = None,
+                        reference_name: str = "") -> go.Figure:
+    """L1 error on the planted row against ``M`` or ``T``, one line per algorithm; the limit 2 dashed."""
+    fig = go.Figure()
+    for name, errs in errors.items():
+        fig.add_trace(go.Scatter(x=list(x_values), y=list(errs), mode="lines+markers", name=name))
+    if reference is not None:
+        fig.add_trace(go.Scatter(x=list(x_values), y=list(reference), mode="lines", name=reference_name,
+                                 line=dict(color="black", dash="dot")))
+    fig.add_hline(y=2.0, line=dict(color="grey", dash="dash"), annotation_text="2 (the limit)")
+    fig.update_layout(height=400, xaxis_title=x_title, yaxis=dict(title="L1 error on row i", range=[0, 2.1]),
+                      margin=dict(t=40, b=40))
+    if log_x:
+        fig.update_xaxes(type="log")
+    return fig
+
+
+def error_vs_M_by_T_figure(T_values: Sequence[int], M_values: Sequence[float],
+                           errors: dict[int, dict[str, Sequence[float]]], *, active: int = 0) -> go.Figure:
+    """Error-vs-M curves of every algorithm, with a slider over ``T`` (``errors[T][name]``)."""
+    names = list(errors[T_values[active]])
+    fig = go.Figure([go.Scatter(x=list(M_values), y=list(errors[T_values[active]][n]), mode="lines+markers",
+                                name=n) for n in names])
+    frames = [go.Frame(data=[go.Scatter(y=list(errors[T][n])) for n in names], name=f"T{t}",
+                       traces=list(range(len(names))), layout=go.Layout(title_text=f"T = {T}"))
+              for t, T in enumerate(T_values)]
+    fig.add_hline(y=2.0, line=dict(color="grey", dash="dash"))
+    fig.update_layout(title=f"T = {T_values[active]}", height=420, xaxis=dict(title="M", type="log"),
+                      yaxis=dict(title="L1 error on row i", range=[0, 2.1]), margin=dict(t=50, b=40))
+    return add_frame_slider(fig, frames, [str(T) for T in T_values], prefix="T = ", active=active)
+
+
+def work_figure(T_values: Sequence[int], work: dict[str, Sequence[float]]) -> go.Figure:
+    """Work (score equivalents) against ``T`` on log-log axes, with exact attention's ``T^2``."""
+    Ts = list(T_values)
+    fig = go.Figure([go.Scatter(x=Ts, y=list(w), mode="lines+markers", name=n) for n, w in work.items()])
+    fig.add_trace(go.Scatter(x=Ts, y=[t * t for t in Ts], mode="lines", name="exact: T²",
+                             line=dict(color="black", width=3, dash="dash")))
+    fig.update_layout(height=420, xaxis=dict(title="T", type="log"),
+                      yaxis=dict(title="work (score equivalents)", type="log"), margin=dict(t=30, b=40))
+    return fig
+
+
+def needle_explorer(*, d: int = 16, T_values: Sequence[int] = (64, 128, 256, 512)):
+    """Live version (needs a running kernel): algorithm menu, log slider over M, T menu."""
+    import ipywidgets as W
+
+    names = sorted(needle.ALGORITHMS)
+    algo_w = W.Dropdown(options=names, value="sliding_window", description="algorithm")
+    T_w = W.Dropdown(options=list(T_values), value=256 if 256 in T_values else T_values[0], description="T")
+    M_w = W.FloatLogSlider(value=80.0, min=-1, max=3, step=0.05, description="M", readout_format=".3g")
+    static = probe_map_figure([needle.make(algo_w.value, T=T_w.value, d=d)], M=M_w.value)
+    static.frames, static.layout.sliders = (), ()
+    fig = go.FigureWidget(static)
+    cache: dict = {}
+
+    def redraw(change=None):
+        key = (algo_w.value, T_w.value)
+        if key not in cache:
+            cache[key] = needle.make(algo_w.value, T=T_w.value, d=d)
+        algo = cache[key]
+        case = needle.attack(algo, M=M_w.value)
+        exact, got, err = _rows(algo, case)
+        with fig.batch_update():
+            fig.data[0].z = _probe_z(algo, case)
+            fig.data[1].x, fig.data[1].y = [case.j], [case.i]
+            fig.data[2].y, fig.data[3].y = exact, got
+            fig.layout.title.text = _caption(algo, case, err)
+
+    for w in (algo_w, T_w, M_w):
+        w.observe(redraw, names="value")
+    return W.VBox([W.HBox([algo_w, T_w]), M_w, fig])
+
+
+__all__ = ["error_curves_figure", "error_vs_M_by_T_figure", "needle_explorer", "probe_map_figure",
+           "row_vs_M_figure", "work_figure"]
