@@ -6,6 +6,7 @@ and a Triton kernel, behind one function with ``backend="auto" | "torch" | "trit
 
 from . import eot, needle
 from .attention import softmax_attention, softmax_attention_reference
+from .linear import linear_attention, linear_attention_decode_step
 from .sparse import block_sparse_attention
 
 __version__ = "0.1.0"
@@ -14,5 +15,6 @@ __all__ = [
     "softmax_attention", "softmax_attention_reference",   # chapter 1
     "eot",
     "needle", "block_sparse_attention",                   # chapter 2
+    "linear_attention", "linear_attention_decode_step",   # chapter 3
     "__version__",
 ]

@@ -1,0 +1,542 @@
+"""Linear attention -- chapter 3's operator: attention by associativity.
+
+Drop the softmax and attention is a product of three matrices, which may be bracketed either way:
+
+    O = (Q K^T) V = Q (K^T V)        O(T^2 D) work  versus  O(T D^2) work.
+
+With a causal mask the bracket cannot move freely, but the same identity, applied one query at a
+time, gives a recurrence with a fixed-size state (the book's convention: ``S`` is ``[Dv, D]``):
+
+    S_t = S_{t-1} + v_t k_t^T,      o_t = S_t q_t.
+
+Three ways to compute the same thing, each a short reference below:
+
+* ``parallel``  -- the masked quadratic form ``O = (Q K^T . M) V`` (M: causal mask, diagonal kept);
+* ``recurrent`` -- the loop above (an RNN whose hidden state is the matrix ``S_t``);
+* ``chunk``     -- split time into chunks of ``C``: inside a chunk the masked quadratic form, across
+  chunks the state. Cost ``O(T C D + T D^2)``. The Triton kernel (``kernels/linear_chunk.py``)
+  implements this one.
+
+Queries and keys may first go through a feature map ``phi`` (``"elu1"``, ``"relu"``, ``"favor+"``
+or any callable): ``phi(q)`` and ``phi(k)`` then replace ``q`` and ``k`` everywhere. ``scale``
+multiplies ``q`` *before* the map, as in softmax attention, so that ``phi(scale q) . phi(k)``
+approximates ``exp(scale q . k)`` for ``"favor+"``. ``normalize=True`` divides by the running
+normaliser ``z_t . phi(q_t)`` with ``z_t = sum_{j<=t} phi(k_j)``; it is carried as one extra row of
+the state (a ones column appended to ``v``), so with ``normalize=True`` the state is
+``[B, H, Dv + 1, D']`` and its last row is ``z_t^T``.
+
+All arithmetic runs in float32 (float64 for float64 inputs), whatever the inputs' dtype: the state
+of a long half-precision sequence is a sum of thousands of outer products and would overflow or
+lose its small terms in float16.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+from . import _validate
+from ._backend import resolve_backend
+
+MODES = ("parallel", "recurrent", "chunk")
+FEATURE_MAPS = ("identity", "elu1", "relu", "favor+")
+NORMALIZE_EPS = 1e-6
+
+
+def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+# ---------------------------------------------------------------------------------------------
+# Feature maps
+# ---------------------------------------------------------------------------------------------
+
+def elu1(x: torch.Tensor) -> torch.Tensor:
+    """``phi(x) = elu(x) + 1`` (Katharopoulos et al. 2020): positive, and ``~ x + 1`` near zero."""
+    return F.elu(x) + 1.0
+
+
+def relu(x: torch.Tensor) -> torch.Tensor:
+    return F.relu(x)
+
+
+class FavorPlus:
+    """Performer's positive random features (FAVOR+) for the softmax kernel ``exp(x . y)``.
+
+        phi(x) = exp(W x - |x|^2 / 2) / sqrt(m),     W: [m, dim], rows ~ N(0, I)
+
+    so that ``E_W[phi(x) . phi(y)] = exp(x . y)`` exactly (unbiased), for any ``x, y``. With
+    ``orthogonal=True`` the rows are drawn in orthogonal blocks and rescaled to Gaussian lengths,
+    which keeps the estimate unbiased and lowers its variance (Choromanski et al. 2021).
+
+    Args:
+        dim: input size ``D``.  num_features: ``m`` (default ``dim``).  seed: fixes ``W``: the same
+        seed gives the same features on every call (needed to continue a sequence or decode).
+    """
+
+    def __init__(self, dim: int, num_features: int | None = None, seed: int = 0, *,
+                 orthogonal: bool = True):
+        if isinstance(dim, bool) or not isinstance(dim, int) or dim < 1:
+            raise ValueError(f"dim must be a positive int; got {dim!r}")
+        m = dim if num_features is None else num_features
+        if isinstance(m, bool) or not isinstance(m, int) or m < 1:
+            raise ValueError(f"num_features must be a positive int; got {num_features!r}")
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise TypeError(f"seed must be an int; got {type(seed).__name__}")
+        self.dim, self.num_features, self.seed, self.orthogonal = dim, m, seed, orthogonal
+        g = torch.Generator().manual_seed(seed)
+        if orthogonal:
+            blocks = []
+            for _ in range(math.ceil(m / dim)):
+                qmat, r = torch.linalg.qr(torch.randn(dim, dim, generator=g, dtype=torch.float64))
+                qmat = qmat * torch.sign(torch.diagonal(r))  # sign fix: makes Q Haar-distributed
+                blocks.append(qmat.T)                        # orthonormal rows
+            w = torch.cat(blocks)[:m]
+            lengths = torch.randn(m, dim, generator=g, dtype=torch.float64).norm(dim=1)
+            w = w * lengths[:, None]                         # each row distributed as N(0, I)
+        else:
+            w = torch.randn(m, dim, generator=g, dtype=torch.float64)
+        self.weight = w                                      # [m, dim], float64 on the CPU
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[-1] != self.dim:
+            raise ValueError(f"FavorPlus(dim={self.dim}) got inputs of last dim {x.shape[-1]}")
+        acc = _acc_dtype(x.dtype)
+        x = x.to(acc)
+        w = self.weight.to(device=x.device, dtype=acc)
+        return torch.exp(x @ w.T - 0.5 * (x * x).sum(-1, keepdim=True)) / math.sqrt(self.num_features)
+
+    def __repr__(self) -> str:
+        return (f"FavorPlus(dim={self.dim}, num_features={self.num_features}, seed={self.seed}, "
+                f"orthogonal={self.orthogonal})")
+
+
+def resolve_feature_map(feature_map, dim: int, feature_kwargs: dict | None = None
+                        ) -> Callable[[torch.Tensor], torch.Tensor] | None:
+    """``None``/``"identity"`` -> ``None``; a name -> its function; a callable -> itself.
+
+    ``"favor+"`` builds ``FavorPlus(dim, **feature_kwargs)`` (``num_features``, ``seed``,
+    ``orthogonal``); ``feature_kwargs`` is refused for the other maps.
+    """
+    if feature_kwargs is not None and feature_map != "favor+":
+        raise ValueError(f"feature_kwargs only applies to feature_map='favor+'; got feature_map="
+                         f"{feature_map!r}")
+    if feature_map is None or feature_map == "identity":
+        return None
+    if callable(feature_map):
+        return feature_map
+    if feature_map == "elu1":
+        return elu1
+    if feature_map == "relu":
+        return relu
+    if feature_map == "favor+":
+        kw = dict(feature_kwargs or {})
+        unknown = set(kw) - {"num_features", "seed", "orthogonal"}
+        if unknown:
+            raise ValueError(f"feature_kwargs for 'favor+' takes num_features, seed, orthogonal; "
+                             f"got {sorted(unknown)}")
+        return FavorPlus(dim, **kw)
+    raise ValueError(f"feature_map must be None, one of {FEATURE_MAPS} or a callable; got {feature_map!r}")
+
+
+# ---------------------------------------------------------------------------------------------
+# The three references. Inputs are already mapped (phi(q), phi(k)), scaled, and in the
+# accumulation dtype; ``S0`` is ``[B, H, Dv, D]`` or None. Each returns ``(o, S_T)``.
+# ---------------------------------------------------------------------------------------------
+
+def linear_attention_parallel(q, k, v, S0=None, *, causal: bool = True):
+    """``O = (Q K^T . M) V + Q S0^T``,  ``S_T = S0 + V^T K``.  O(T^2 D): the quadratic form."""
+    a = q @ k.transpose(-1, -2)                               # [B, H, T, T] scores, no softmax
+    if causal:
+        a = a.tril()                                          # M: keep j <= t
+    o = a @ v
+    S = v.transpose(-1, -2) @ k                               # sum_j v_j k_j^T  [B, H, Dv, D]
+    if S0 is not None:
+        o = o + q @ S0.transpose(-1, -2)
+        S = S0 + S
+    return o, S
+
+
+def linear_attention_recurrent(q, k, v, S0=None, *, causal: bool = True):
+    """``S_t = S_{t-1} + v_t k_t^T``, ``o_t = S_t q_t``: the RNN. O(T D^2), one token at a time.
+
+    Non-causal: every query reads the final state, ``o_t = S_T q_t``.
+    """
+    B, H, T, D = q.shape
+    S = q.new_zeros(B, H, v.shape[-1], D) if S0 is None else S0
+    outs = []
+    for t in range(T):
+        S = S + v[:, :, t, :, None] * k[:, :, t, None, :]     # outer product v_t k_t^T
+        outs.append(S @ q[:, :, t, :, None])                  # [B, H, Dv, 1]
+    if not causal:
+        return q @ S.transpose(-1, -2), S
+    o = torch.cat(outs, dim=-1).transpose(-1, -2) if T else q.new_zeros(B, H, 0, v.shape[-1])
+    return o, S
+
+
+def linear_attention_chunk(q, k, v, S0=None, *, causal: bool = True, chunk_size: int = 64):
+    """Chunkwise: for each chunk ``c`` of ``C`` rows, ``O_c = (Q_c K_c^T . M) V_c + Q_c S_{c-1}^T``
+    (this chunk by the quadratic form, earlier chunks through the state), then
+    ``S_c = S_{c-1} + V_c^T K_c``. Cost ``O(T C D + T D^2)``; memory: one state.
+
+    Any ``T``: the last chunk is simply shorter. Non-causal: ``O = Q (S_0 + V^T K)^T``.
+    """
+    B, H, T, D = q.shape
+    S = q.new_zeros(B, H, v.shape[-1], D) if S0 is None else S0
+    if not causal:                                            # no mask: the bracket moves freely
+        S = S + v.transpose(-1, -2) @ k
+        return q @ S.transpose(-1, -2), S
+    outs = []
+    for s in range(0, T, chunk_size):
+        qc, kc, vc = q[:, :, s:s + chunk_size], k[:, :, s:s + chunk_size], v[:, :, s:s + chunk_size]
+        intra = (qc @ kc.transpose(-1, -2)).tril() @ vc        # inside the chunk: (Q_c K_c^T . M) V_c
+        outs.append(intra + qc @ S.transpose(-1, -2))          # plus everything before it: Q_c S^T
+        S = S + vc.transpose(-1, -2) @ kc                      # write the chunk into the state
+    o = torch.cat(outs, dim=2) if outs else q.new_zeros(B, H, 0, v.shape[-1])
+    return o, S
+
+
+_REFERENCES = {"parallel": linear_attention_parallel, "recurrent": linear_attention_recurrent,
+               "chunk": linear_attention_chunk}
+
+
+# ---------------------------------------------------------------------------------------------
+# Triton path (forward in the kernel; backward recomputed by the chunk reference)
+# ---------------------------------------------------------------------------------------------
+
+class _TritonLinear(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, S0, scale, causal, chunk_size, out_dtype):
+        from .kernels.linear_chunk import linear_chunk_forward
+        o, S = linear_chunk_forward(q, k, v, S0, scale=scale, causal=causal, chunk_size=chunk_size,
+                                    out_dtype=out_dtype)
+        ctx.save_for_backward(q, k, v, S0 if S0 is not None else torch.empty(0))
+        ctx.has_S0, ctx.scale, ctx.causal, ctx.chunk_size = S0 is not None, scale, causal, chunk_size
+        return o, S
+
+    @staticmethod
+    def backward(ctx, do, dS):
+        q, k, v, S0 = ctx.saved_tensors
+        S0 = S0 if ctx.has_S0 else None
+        acc = torch.float32
+        with torch.enable_grad():
+            ins = [t.detach().to(acc).requires_grad_(True) for t in (q, k, v)]
+            s0 = S0.detach().to(acc).requires_grad_(True) if S0 is not None else None
+            o, S = linear_attention_chunk(ins[0] * ctx.scale, ins[1], ins[2], s0, causal=ctx.causal,
+                                          chunk_size=ctx.chunk_size)
+            outs, grads = [o], [do.to(acc)]
+            if dS is not None:
+                outs.append(S)
+                grads.append(dS.to(acc))
+            wrt = ins + ([s0] if s0 is not None else [])
+            g = torch.autograd.grad(outs, wrt, grads, allow_unused=True)
+        dq, dk, dv = (gi.to(t.dtype) if gi is not None else None for gi, t in zip(g[:3], (q, k, v)))
+        dS0 = g[3].to(S0.dtype) if S0 is not None and g[3] is not None else None
+        return dq, dk, dv, dS0, None, None, None, None
+
+
+# ---------------------------------------------------------------------------------------------
+# Public API
+# ---------------------------------------------------------------------------------------------
+
+def _prepare(q, k, v, scale, feature_map, feature_kwargs):
+    """Validate q, k, v; return ``(phi(scale q), phi(k), D')`` in the accumulation dtype."""
+    scale, phi = _check_inputs(q, k, v, scale, feature_map, feature_kwargs)
+    return _map(q, k, scale, phi)
+
+
+def _check_inputs(q, k, v, scale, feature_map, feature_kwargs):
+    """Validate q, k, v and the scale; return ``(scale, phi)`` (``phi`` None for the identity)."""
+    _validate.check_qkv(q, k, v, same_length=True)
+    D = q.shape[-1]
+    scale = 1.0 / math.sqrt(D) if scale is None else _validate.check_positive("scale", scale)
+    return scale, resolve_feature_map(feature_map, D, feature_kwargs)
+
+
+def _map(q, k, scale, phi):
+    """``(phi(scale q), phi(k), D')`` in the accumulation dtype, with the map's output checked."""
+    acc = _acc_dtype(q.dtype)
+    qf, kf = q.to(acc) * scale, k.to(acc)
+    if phi is not None:
+        qf, kf = phi(qf), phi(kf)
+        for name, x in (("phi(q)", qf), ("phi(k)", kf)):
+            if not isinstance(x, torch.Tensor) or x.shape[:-1] != q.shape[:-1]:
+                raise ValueError(f"feature_map must map [B, H, T, D] to [B, H, T, D']; {name} has "
+                                 f"shape {tuple(getattr(x, 'shape', ()))}")
+        if qf.shape[-1] != kf.shape[-1]:
+            raise ValueError(f"feature_map gave phi(q) with {qf.shape[-1]} features but phi(k) with "
+                             f"{kf.shape[-1]}")
+        qf, kf = qf.to(acc), kf.to(acc)
+    return qf, kf, qf.shape[-1]
+
+
+def _check_state(name, state, q, v, Dphi, normalize):
+    B, H = q.shape[:2]
+    rows = v.shape[-1] + (1 if normalize else 0)
+    acc = _acc_dtype(q.dtype)
+    _validate.check_tensor(name, state, ndim=4, dtypes=None)
+    if state.dtype != acc:
+        raise TypeError(f"{name} has dtype {str(state.dtype).replace('torch.', '')}; expected "
+                        f"{str(acc).replace('torch.', '')} (the state is accumulated in "
+                        f"{str(acc).replace('torch.', '')} for {str(q.dtype).replace('torch.', '')} inputs)")
+    if tuple(state.shape) != (B, H, rows, Dphi):
+        extra = " (normalize=True carries the normaliser z as one extra row)" if normalize else ""
+        raise ValueError(f"{name} has shape {tuple(state.shape)}; expected {(B, H, rows, Dphi)} "
+                         f"= (B, H, Dv{' + 1' if normalize else ''}, D'){extra}")
+    if state.device != q.device:
+        raise ValueError(f"{name} is on {state.device}; expected {q.device} to match q")
+
+
+def _augment(v, normalize):
+    """Append the ones column that makes the normaliser ride along in the state."""
+    return torch.cat([v, v.new_ones(*v.shape[:-1], 1)], dim=-1) if normalize else v
+
+
+def _split_normaliser(o_aug, normalize, eps=NORMALIZE_EPS):
+    if not normalize:
+        return o_aug
+    return o_aug[..., :-1] / (o_aug[..., -1:] + eps)
+
+
+def linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
+                     scale: float | None = None, feature_map=None, feature_kwargs: dict | None = None,
+                     causal: bool = True, normalize: bool = False, mode: str = "chunk",
+                     chunk_size: int = 64, initial_state: torch.Tensor | None = None,
+                     output_final_state: bool = False, backend: str = "auto"):
+    """Linear attention, ``o_t = S_t phi(scale q_t)`` with ``S_t = S_0 + sum_{j<=t} v_j phi(k_j)^T``.
+
+    Args:
+        q, k: ``[B, H, T, D]``.  v: ``[B, H, T, Dv]``.  Same dtype and device.
+        scale: multiplies ``q`` before the feature map; ``None`` means ``1 / sqrt(D)``.
+        feature_map: ``None`` (identity), ``"elu1"``, ``"relu"``, ``"favor+"``, a ``FavorPlus``
+            or any callable ``[..., D] -> [..., D']``. ``feature_kwargs`` configures ``"favor+"``
+            (``num_features``, ``seed``, ``orthogonal``).
+        causal: ``o_t`` sees ``j <= t``; otherwise every query reads the final state ``S_T``.
+        normalize: divide by ``z_t . phi(scale q_t) + 1e-6`` with ``z_t = sum_{j<=t} phi(k_j)``
+            (the linear analogue of the softmax denominator). The state then has ``Dv + 1`` rows,
+            the last being ``z_t^T``.
+        mode: ``"parallel"``, ``"recurrent"`` or ``"chunk"`` -- the same answer three ways.
+        chunk_size: a power of two in [1, 4096] for the chunk reference; the Triton kernel takes
+            16..128.
+        initial_state: ``S_0`` of shape ``[B, H, Dv (+1), D']``, float32 (float64 for float64
+            inputs) -- e.g. a previous call's final state, which continues that sequence exactly.
+        output_final_state: also return ``S_T`` (float32 / float64).
+        backend: ``"auto"`` (the Triton chunk kernel for CUDA tensors when it applies: ``mode="chunk"``,
+            fp16/bf16/fp32, chunk 16..128, dims up to 256; the reference otherwise), ``"torch"`` or
+            ``"triton"`` (``mode="chunk"`` only).
+
+    Returns:
+        ``o [B, H, T, Dv]`` in ``q``'s dtype, or ``(o, S_T)``.
+    """
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}; got {mode!r}")
+    for name, flag in (("causal", causal), ("normalize", normalize),
+                       ("output_final_state", output_final_state)):
+        if not isinstance(flag, bool):
+            raise TypeError(f"{name} must be a bool; got {type(flag).__name__}")
+    chunk_size = _validate.check_power_of_two("chunk_size", chunk_size, lo=1, hi=4096)
+    scale, phi = _check_inputs(q, k, v, scale, feature_map, feature_kwargs)
+    # The kernel scales q itself: with the identity map, q and k go to it untouched.
+    identity_to_kernel = phi is None and backend != "torch" and q.dtype in _validate.KERNEL_DTYPES
+    if identity_to_kernel:
+        qf, kf, Dphi = q, k, q.shape[-1]
+    else:
+        qf, kf, Dphi = _map(q, k, scale, phi)
+    if initial_state is not None:
+        _check_state("initial_state", initial_state, q, v, Dphi, normalize)
+    which = resolve_backend(backend, q)
+    if which == "triton" and backend == "auto":
+        # "auto" takes the kernel only where it applies; "triton" says why it does not (below).
+        fits = (mode == "chunk" and q.dtype in _validate.KERNEL_DTYPES and 16 <= chunk_size <= 128
+                and max(Dphi, v.shape[-1] + normalize) <= 256)
+        which = "triton" if fits else "torch"
+    if which == "triton" and mode != "chunk":
+        raise ValueError(f"backend='triton' implements mode='chunk'; got mode={mode!r} "
+                         "(use backend='torch' for the other references)")
+
+    if which == "triton":
+        if q.dtype not in _validate.KERNEL_DTYPES:
+            raise TypeError(f"q has dtype {q.dtype}; the Triton kernel takes float16, bfloat16 or "
+                            "float32 (use backend='torch' for float64)")
+        if not 16 <= chunk_size <= 128:
+            raise ValueError(f"chunk_size must be in [16, 128] for the Triton kernel; got {chunk_size}")
+        # The kernel takes already-mapped inputs in the inputs' dtype and accumulates in float32.
+        kernel_scale = scale if identity_to_kernel else 1.0
+        qk = (qf.to(q.dtype), kf.to(q.dtype))
+        out_dtype = torch.float32 if normalize else q.dtype    # the normaliser column can exceed fp16
+        o, S = _TritonLinear.apply(*qk, _augment(v, normalize), initial_state, kernel_scale, causal,
+                                   chunk_size, out_dtype)
+    else:
+        if identity_to_kernel:                                 # "auto" chose the reference after all
+            qf, kf, Dphi = _map(q, k, scale, phi)
+        acc = _acc_dtype(q.dtype)
+        o, S = _REFERENCES[mode](qf, kf, _augment(v.to(acc), normalize), initial_state,
+                                 causal=causal, **({"chunk_size": chunk_size} if mode == "chunk" else {}))
+    o = _split_normaliser(o.to(_acc_dtype(q.dtype)), normalize).to(q.dtype)
+    return (o, S) if output_final_state else o
+
+
+def linear_attention_decode_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                                 state: torch.Tensor | None = None, *, scale: float | None = None,
+                                 feature_map=None, feature_kwargs: dict | None = None,
+                                 normalize: bool = False):
+    """One generated token: ``S <- S + v phi(k)^T``, ``o = S phi(scale q)``. O(Dv D), whatever t is.
+
+    Args:
+        q, k: ``[B, H, 1, D]`` -- this token's query and key.  v: ``[B, H, 1, Dv]``.
+        state: ``[B, H, Dv (+1 if normalize), D']`` float32 (float64 for float64 inputs), or
+            ``None`` for the first token. Same meaning as ``linear_attention``'s states.
+
+    Returns:
+        ``(o [B, H, 1, Dv] in q's dtype, new_state)``.
+    """
+    if q.dim() == 4 and q.shape[2] != 1:
+        raise ValueError(f"q has shape {tuple(q.shape)}; the decode step takes one token: "
+                         "expected [B, H, 1, D]")
+    if not isinstance(normalize, bool):
+        raise TypeError(f"normalize must be a bool; got {type(normalize).__name__}")
+    qf, kf, Dphi = _prepare(q, k, v, scale, feature_map, feature_kwargs)
+    acc = _acc_dtype(q.dtype)
+    vf = _augment(v.to(acc), normalize)
+    if state is None:
+        state = qf.new_zeros(q.shape[0], q.shape[1], vf.shape[-1], Dphi)
+    else:
+        _check_state("state", state, q, v, Dphi, normalize)
+    state = state + vf.transpose(-1, -2) @ kf                 # S + v_t k_t^T  ([Dv,1] @ [1,D])
+    o = qf @ state.transpose(-1, -2)                          # (S q_t)^T
+    return _split_normaliser(o, normalize).to(q.dtype), state
+
+
+def kv_cache_bytes(t: int, *, D: int, Dv: int | None = None, bytes_per_elem: int = 2) -> int:
+    """Bytes one head's KV cache holds after ``t`` tokens: ``t (D + Dv)`` numbers."""
+    return t * (D + (D if Dv is None else Dv)) * bytes_per_elem
+
+
+def state_bytes(*, D: int, Dv: int | None = None, bytes_per_elem: int = 4) -> int:
+    """Bytes one head's linear-attention state holds, for any ``t``: ``Dv x D`` numbers (fp32)."""
+    return (D if Dv is None else Dv) * D * bytes_per_elem
+
+
+def associative_recall(num_pairs: int, dim: int, *, trials: int = 4, seed: int = 0
+                       ) -> tuple[float, float]:
+    """Write ``num_pairs`` random (key, value) pairs into one ``[dim, dim]`` state, read them back.
+
+    Keys and values are random unit vectors in ``R^dim``. The state is written once by the
+    recurrence, ``S = sum_i v_i k_i^T`` -- no training. Reading key ``i`` gives
+
+        S k_i = v_i + sum_{j != i} v_j (k_j . k_i),
+
+    the wanted value plus crosstalk whose expected squared norm is ``(num_pairs - 1) / dim``
+    (each ``(k_j . k_i)^2`` averages ``1 / dim``): the signal-to-noise ratio is about
+    ``dim / num_pairs``.
+
+    Returns ``(accuracy, readout_error)``, averaged over ``trials``: ``accuracy`` is the fraction of
+    reads whose nearest stored value (largest dot product) is the right one; ``readout_error`` is
+    the mean of ``|S k_i - v_i|^2`` (the values have unit norm).
+    """
+    g = torch.Generator().manual_seed(seed)
+    acc_sum = err_sum = 0.0
+    for _ in range(trials):
+        keys = F.normalize(torch.randn(num_pairs, dim, generator=g, dtype=torch.float64), dim=-1)
+        vals = F.normalize(torch.randn(num_pairs, dim, generator=g, dtype=torch.float64), dim=-1)
+        S = vals.T @ keys                                     # sum_i v_i k_i^T   [dim, dim]
+        read = keys @ S.T                                     # row i: (S k_i)^T
+        best = (read @ vals.T).argmax(dim=-1)                 # nearest stored value
+        acc_sum += (best == torch.arange(num_pairs)).double().mean().item()
+        err_sum += (read - vals).square().sum(-1).mean().item()
+    return acc_sum / trials, err_sum / trials
+
+
+# ---------------------------------------------------------------------------------------------
+# Measuring the scaling (chapter 3's lab): CPU time, power-law fits, the crossover length
+# ---------------------------------------------------------------------------------------------
+
+def cpu_time_ms(fn, *, reps: int = 5) -> float:
+    """Best-of-``reps`` *CPU* time of ``fn()`` in ms (``time.process_time``), after one warm-up.
+
+    CPU time rather than wall time: on a shared machine other processes stretch the wall clock but
+    not the work done by this one. Run with ``torch.set_num_threads(1)`` for clean scaling laws.
+    """
+    import time
+    fn()
+    best = math.inf
+    for _ in range(reps):
+        t0 = time.process_time()
+        fn()
+        best = min(best, time.process_time() - t0)
+    return best * 1e3
+
+
+def measure_scaling(lengths, dims, *, batch: int = 1, heads: int = 4, chunk_size: int = 64,
+                    reps: int = 5, seed: int = 0, progress=None) -> dict[int, dict[str, list[float]]]:
+    """Time causal softmax attention (PyTorch's ``scaled_dot_product_attention``) and causal linear
+    attention (the chunk reference) on the CPU, single-threaded, for every ``T`` in ``lengths`` and
+    ``D`` in ``dims``. Returns ``{D: {"T": [...], "softmax": [ms...], "linear": [ms...]}}``."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    g = torch.Generator().manual_seed(seed)
+    out: dict[int, dict[str, list[float]]] = {}
+    try:
+        for D in dims:
+            row = {"T": list(lengths), "softmax": [], "linear": []}
+            for T in lengths:
+                q, k, v = (torch.randn(batch, heads, T, D, generator=g) for _ in range(3))
+                row["softmax"].append(cpu_time_ms(
+                    lambda q=q, k=k, v=v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+                    reps=reps))
+                row["linear"].append(cpu_time_ms(
+                    lambda q=q, k=k, v=v: linear_attention(q, k, v, chunk_size=chunk_size,
+                                                           backend="torch"), reps=reps))
+                if progress is not None:
+                    progress.update(1)
+            out[D] = row
+    finally:
+        torch.set_num_threads(threads)
+    return out
+
+
+def fit_power_law(x, y, *, robust: bool = False) -> tuple[float, float]:
+    """A line through ``(log x, log y)``: returns ``(slope, intercept)``, i.e.
+    ``y ~ exp(intercept) * x ** slope``. Least squares, or with ``robust=True`` the Theil-Sen
+    estimate (the median of the slopes between all pairs of points), which one disturbed timing
+    cannot drag far."""
+    lx = torch.log(torch.as_tensor(x, dtype=torch.float64))
+    ly = torch.log(torch.as_tensor(y, dtype=torch.float64))
+    if robust:
+        i, j = torch.triu_indices(len(lx), len(lx), offset=1)
+        slope = ((ly[j] - ly[i]) / (lx[j] - lx[i])).median()
+        return slope.item(), (ly - slope * lx).median().item()
+    A = torch.stack([lx, torch.ones_like(lx)], dim=1)
+    sol = torch.linalg.lstsq(A, ly[:, None]).solution[:, 0]
+    return sol[0].item(), sol[1].item()
+
+
+def crossover_length(lengths, t_softmax, t_linear) -> float:
+    """The sequence length beyond which linear attention is faster, from measured times.
+
+    Takes the smallest measured ``T`` from which softmax is slower at every larger ``T`` too, and
+    interpolates (log-log) between it and the previous length where the two curves cross. Returns
+    ``lengths[0]`` if softmax is slower everywhere and ``inf`` if it never falls behind for good.
+    """
+    T = [float(t) for t in lengths]
+    r = [math.log(s / lin) for s, lin in zip(t_softmax, t_linear)]   # > 0: softmax slower
+    i = len(r)
+    while i > 0 and r[i - 1] > 0:
+        i -= 1
+    if i == len(r):
+        return math.inf
+    if i == 0:
+        return T[0]
+    lo, hi = math.log(T[i - 1]), math.log(T[i])
+    frac = -r[i - 1] / (r[i] - r[i - 1])                            # where log-ratio hits zero
+    return math.exp(lo + frac * (hi - lo))
+
+
+__all__ = ["linear_attention", "linear_attention_decode_step", "linear_attention_parallel",
+           "linear_attention_recurrent", "linear_attention_chunk", "FavorPlus", "elu1", "relu",
+           "resolve_feature_map", "kv_cache_bytes", "state_bytes", "associative_recall",
+           "cpu_time_ms", "measure_scaling", "fit_power_law", "crossover_length", "MODES",
+           "FEATURE_MAPS"]
