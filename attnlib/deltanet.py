@@ -1,0 +1,415 @@
+"""DeltaNet and Gated DeltaNet -- chapter 4's operator.
+
+The state is a matrix ``S_t: [Dv, D]`` per (batch, head). Each token rewrites it by one step of
+gradient descent on the regression loss ``1/2 ||S k_t - v_t||^2`` with learning rate ``beta_t``
+(the *delta rule*), after an optional decay ``alpha_t = exp(g_t)`` (Gated DeltaNet):
+
+    S_t = alpha_t S_{t-1} (I - beta_t k_t k_t^T) + beta_t v_t k_t^T,        o_t = S_t (scale * q_t).
+
+Three ways to compute the same outputs, selected by ``mode``:
+
+* ``"recurrent"`` -- the loop above, token by token: the definition.
+* ``"chunk"``     -- the WY / UT form: per chunk of ``C`` tokens one ``C x C`` unit-lower-triangular
+  solve ``T = (I + tril(diag(beta)(K K^T . Gamma), -1))^{-1} diag(beta)``, then matrix products;
+  the state is carried across chunks. Cost ``O(T C D + T D^2)``.
+* ``"parallel"``  -- the whole sequence as one chunk: Su's closed form
+  ``O = (Q K^T . M)(I + diag(beta)(K K^T . M^-))^{-1} diag(beta) V`` (with the decay mask Gamma
+  in place of the causal masks when gated). Cost ``O(T^2 D + T^3)``: for checking, not for speed.
+
+``M`` is the causal mask including the diagonal, ``M^-`` the strict one; with ``gamma_t`` the
+product of the decays up to ``t``, ``Gamma_tj = gamma_t / gamma_j`` for ``j <= t``.
+
+Stability: ``I - beta k k^T`` has eigenvalue ``1 - beta ||k||^2`` along ``k`` and 1 elsewhere, so with
+unit-norm keys ``beta`` in ``[0, 2]`` keeps every eigenvalue in ``[-1, 1]``; ``beta > 2`` (or keys with
+``beta ||k||^2 > 2``) makes the state grow geometrically. :func:`delta_rule` refuses ``beta`` outside
+``[0, 2]``; it does not normalise keys (as in fla, that is the model's job -- chapter 4's lab shows
+what happens when it is not done).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from . import _validate
+from ._backend import resolve_backend
+
+MODES = ("recurrent", "chunk", "parallel")
+
+
+def _acc_dtype(x: torch.Tensor) -> torch.dtype:
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
+
+
+# --------------------------------------------------------------------------------------------------
+# References: plain PyTorch, in the book's notation. Inputs are assumed valid (see delta_rule).
+# --------------------------------------------------------------------------------------------------
+
+def delta_rule_recurrent(q, k, v, beta, g=None, *, scale: float, initial_state=None):
+    """The definition, token by token.  ``q, k: [B, H, T, D]``, ``v: [B, H, T, Dv]``,
+    ``beta, g: [B, H, T]``, ``initial_state: [B, H, Dv, D]`` or None.
+
+    Computes in float32 (float64 for float64 inputs). Returns ``(o [B, H, T, Dv], S_T [B, H, Dv, D])``.
+    """
+    acc = _acc_dtype(q)
+    q, k, v, beta = (t.to(acc) for t in (q, k, v, beta))
+    B, H, T, D = q.shape
+    S = (torch.zeros(B, H, v.shape[-1], D, dtype=acc, device=q.device) if initial_state is None
+         else initial_state.to(acc).clone())
+    o = []
+    for t in range(T):
+        k_t, v_t, b_t = k[:, :, t], v[:, :, t], beta[:, :, t, None]
+        if g is not None:
+            S = S * torch.exp(g[:, :, t].to(acc))[..., None, None]                  # forget
+        pred = (S @ k_t.unsqueeze(-1)).squeeze(-1)                                   # S k_t, [B,H,Dv]
+        S = S + (b_t * (v_t - pred)).unsqueeze(-1) * k_t.unsqueeze(-2)              # delta rule
+        o.append((S @ (scale * q[:, :, t]).unsqueeze(-1)).squeeze(-1))               # o_t = S_t q_t
+    o = torch.stack(o, dim=2) if T else q.new_zeros(B, H, 0, v.shape[-1])
+    return o, S
+
+
+def _within_chunk_decay(g_chunk):
+    """``g_chunk: [..., C]`` -> ``(G [..., C], Gamma [..., C, C])`` with ``G_t = sum_{r<=t} g_r``
+    (``log gamma_t``) and ``Gamma_tj = exp(G_t - G_j)`` for ``j <= t``, 0 above the diagonal."""
+    G = g_chunk.cumsum(-1)
+    C = G.shape[-1]
+    diff = G[..., :, None] - G[..., None, :]
+    lower = torch.ones(C, C, dtype=torch.bool, device=G.device).tril()
+    Gamma = torch.exp(diff.masked_fill(~lower, float("-inf")))
+    return G, Gamma
+
+
+def ut_transform(k, beta, g=None):
+    """The UT transform of a chunk.  ``k: [..., C, D]``, ``beta, g: [..., C]``.
+
+    Returns ``(T [..., C, C], Gamma [..., C, C] or None, G [..., C] or None)`` with
+    ``T = (I + tril(diag(beta)(K K^T . Gamma), -1))^{-1} diag(beta)`` -- one unit-lower-triangular
+    solve (forward substitution). Then ``W = T diag(gamma) K`` and ``U = T V`` are the WY factors:
+    the chunk's net effect is ``S_end = gamma_C S0 + (U - W S0^T)^T diag(gamma_C / gamma) K``.
+    """
+    C = k.shape[-2]
+    A = k @ k.transpose(-1, -2)
+    Gamma = G = None
+    if g is not None:
+        G, Gamma = _within_chunk_decay(g)
+        A = A * Gamma
+    A = torch.tril(beta.unsqueeze(-1) * A, diagonal=-1)
+    eye = torch.eye(C, dtype=k.dtype, device=k.device)
+    T = torch.linalg.solve_triangular(eye + A, torch.diag_embed(beta), upper=False, unitriangular=True)
+    return T, Gamma, G
+
+
+def delta_rule_chunk_reference(q, k, v, beta, g=None, *, scale: float, chunk_size: int = 64,
+                               initial_state=None):
+    """The chunkwise (WY / UT) form.  Shapes as :func:`delta_rule_recurrent`.
+
+    The sequence is padded to a multiple of ``C = chunk_size`` with ``k = v = q = 0``, ``beta = 0``,
+    ``g = 0``: a padded step is the identity on the state. All chunks' ``T, W, U`` are computed at
+    once (they do not depend on the state); then one sequential pass carries ``S`` across chunks:
+
+        U' = U - W S0^T
+        O  = diag(gamma) Q S0^T + (Q K^T . Gamma . M) U'
+        S  = gamma_C S0 + U'^T diag(gamma_C / gamma) K
+    """
+    acc = _acc_dtype(q)
+    B, H, T, D = q.shape
+    Dv = v.shape[-1]
+    C = chunk_size
+    n = max(1, -(-T // C))
+    pad = n * C - T
+
+    def chunks(x, fill=0.0):
+        x = x.to(acc)
+        if pad:
+            x = torch.nn.functional.pad(x, (0, 0, 0, pad) if x.dim() == 4 else (0, pad), value=fill)
+        return x.reshape(B, H, n, C, *x.shape[3:])
+
+    qc, kc, vc, bc = chunks(q) * scale, chunks(k), chunks(v), chunks(beta)
+    gc = chunks(g) if g is not None else None
+    Tm, Gamma, G = ut_transform(kc, bc, gc)                         # [B,H,n,C,C]
+    causal = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
+    if gc is None:
+        Wk = Tm @ kc                                                # W = T K
+        P = (qc @ kc.transpose(-1, -2)).masked_fill(~causal, 0.0)   # Q K^T . M
+        Qs, Kend, dec = qc, kc, None
+    else:
+        gamma = torch.exp(G)                                        # [B,H,n,C]
+        Wk = Tm @ (gamma.unsqueeze(-1) * kc)                        # W = T diag(gamma) K
+        P = (qc @ kc.transpose(-1, -2)) * Gamma                     # Q K^T . Gamma (Gamma is lower)
+        Qs = gamma.unsqueeze(-1) * qc                               # diag(gamma) Q
+        Kend = torch.exp(G[..., -1:] - G).unsqueeze(-1) * kc        # diag(gamma_C / gamma) K
+        dec = gamma[..., -1]                                        # gamma_C per chunk, [B,H,n]
+    U = Tm @ vc                                                     # U = T V
+    S = (torch.zeros(B, H, Dv, D, dtype=acc, device=q.device) if initial_state is None
+         else initial_state.to(acc).clone())
+    outs = []
+    for i in range(n):
+        St = S.transpose(-1, -2)                                    # S0^T, [B,H,D,Dv]
+        Ui = U[:, :, i] - Wk[:, :, i] @ St                          # U' = U - W S0^T
+        outs.append(Qs[:, :, i] @ St + P[:, :, i] @ Ui)
+        S_dec = S if dec is None else dec[:, :, i, None, None] * S
+        S = S_dec + Ui.transpose(-1, -2) @ Kend[:, :, i]
+    o = torch.stack(outs, dim=2).reshape(B, H, n * C, Dv)[:, :, :T]
+    return o, S
+
+
+def delta_rule_parallel_reference(q, k, v, beta, g=None, *, scale: float, initial_state=None):
+    """The whole-sequence closed form (Su's table entry), one ``T x T`` triangular solve:
+
+        O = (Q K^T . Gamma . M) (I + diag(beta)(K K^T . Gamma . M^-))^{-1} diag(beta) (V - diag(gamma) K S0^T)
+            + diag(gamma) Q S0^T
+
+    which for ``g = None`` and ``S0 = 0`` is ``(Q K^T . M)(I + diag(beta)(K K^T . M^-))^{-1} diag(beta) V``.
+    It is the chunk form with a single chunk of length T. Memory and time ``O(T^2 D + T^3)``.
+    """
+    T = q.shape[2]
+    if T == 0:
+        return delta_rule_recurrent(q, k, v, beta, g, scale=scale, initial_state=initial_state)
+    acc = _acc_dtype(q)
+    qs, kk, vv, bb = q.to(acc) * scale, k.to(acc), v.to(acc), beta.to(acc)
+    gg = g.to(acc) if g is not None else None
+    Tm, Gamma, G = ut_transform(kk, bb, gg)
+    M = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
+    B, H, _, D = q.shape
+    S0 = (torch.zeros(B, H, v.shape[-1], D, dtype=acc, device=q.device) if initial_state is None
+          else initial_state.to(acc))
+    if gg is None:
+        gamma = torch.ones(B, H, T, dtype=acc, device=q.device)
+        P = (qs @ kk.transpose(-1, -2)).masked_fill(~M, 0.0)
+    else:
+        gamma = torch.exp(G)
+        P = (qs @ kk.transpose(-1, -2)) * Gamma
+    U = Tm @ (vv - gamma.unsqueeze(-1) * (kk @ S0.transpose(-1, -2)))
+    o = gamma.unsqueeze(-1) * (qs @ S0.transpose(-1, -2)) + P @ U
+    decay_end = torch.exp(G[..., -1:] - G) if gg is not None else torch.ones_like(gamma)
+    S = gamma[..., -1, None, None] * S0 + U.transpose(-1, -2) @ (decay_end.unsqueeze(-1) * kk)
+    return o, S
+
+
+# --------------------------------------------------------------------------------------------------
+# Validation and the public functions.
+# --------------------------------------------------------------------------------------------------
+
+def _check_gate(name, x, B, H, T, ref):
+    _validate.check_tensor(name, x, ndim=3)
+    if tuple(x.shape) != (B, H, T):
+        raise ValueError(f"{name} has shape {tuple(x.shape)}; expected ({B}, {H}, {T}) [batch, heads, time] "
+                         f"to match q")
+    if x.device != ref.device:
+        raise ValueError(f"{name} is on {x.device}; expected {ref.device} to match q")
+
+
+def _check_delta_inputs(q, k, v, beta, g, initial_state):
+    B, H, Tq, Tk, D, Dv = _validate.check_qkv(q, k, v, same_length=True)
+    if Dv == 0:
+        raise ValueError(f"v has shape {tuple(v.shape)}; expected a value dimension of at least 1")
+    _check_gate("beta", beta, B, H, Tq, q)
+    if beta.numel():
+        if not bool(torch.isfinite(beta).all()):
+            raise ValueError("beta has non-finite entries; expected finite learning rates in [0, 2]")
+        lo, hi = float(beta.detach().min()), float(beta.detach().max())
+        if lo < 0 or hi > 2:
+            raise ValueError(
+                f"beta has entries in [{lo:.4g}, {hi:.4g}]; expected beta in [0, 2] -- beyond 2 the "
+                "transition I - beta k k^T has an eigenvalue below -1 and the state diverges "
+                "(use delta_rule_recurrent directly to study that on purpose)")
+    if g is not None:
+        _check_gate("g", g, B, H, Tq, q)
+        if g.numel():
+            if not bool(torch.isfinite(g).all()):
+                raise ValueError("g has non-finite entries; expected finite log-decays g <= 0")
+            if float(g.detach().max()) > 0:
+                raise ValueError(f"g has a positive entry ({float(g.detach().max()):.4g}); g is the log of the decay "
+                                 "alpha = exp(g) in (0, 1], so expected g <= 0")
+    if initial_state is not None:
+        _validate.check_tensor("initial_state", initial_state, ndim=4)
+        if tuple(initial_state.shape) != (B, H, Dv, D):
+            raise ValueError(f"initial_state has shape {tuple(initial_state.shape)}; expected "
+                             f"({B}, {H}, {Dv}, {D}) [batch, heads, Dv, D]")
+        if initial_state.device != q.device:
+            raise ValueError(f"initial_state is on {initial_state.device}; expected {q.device} to match q")
+    return B, H, Tq, D, Dv
+
+
+class _TritonDeltaRule(torch.autograd.Function):
+    """Forward: the Triton chunk kernel. Backward: autograd through the PyTorch chunk reference
+    (recomputed), so the kernel can sit inside a trained model."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, beta, g, initial_state, scale, chunk_size):
+        from .kernels.delta_chunk import delta_rule_chunk_forward
+        o, S = delta_rule_chunk_forward(q, k, v, beta, g, scale=scale, chunk_size=chunk_size,
+                                        initial_state=initial_state)
+        ctx.save_for_backward(q, k, v, beta, g, initial_state)
+        ctx.scale, ctx.chunk_size = scale, chunk_size
+        return o, S
+
+    @staticmethod
+    def backward(ctx, do, dS):
+        q, k, v, beta, g, S0 = ctx.saved_tensors
+        inputs = [t.detach().requires_grad_(t.requires_grad) if t is not None else None
+                  for t in (q, k, v, beta, g, S0)]
+        with torch.enable_grad():
+            o, S = delta_rule_chunk_reference(*inputs[:5], scale=ctx.scale, chunk_size=ctx.chunk_size,
+                                              initial_state=inputs[5])
+            outs, grads_out = [o], [do]
+            if dS is not None:
+                outs.append(S)
+                grads_out.append(dS)
+            need = [t for t in inputs if t is not None and t.requires_grad]
+            got = iter(torch.autograd.grad(outs, need, grads_out, allow_unused=True)) if need else iter(())
+        res = []
+        for t in inputs:
+            if t is not None and t.requires_grad:
+                gr = next(got)
+                res.append(None if gr is None else gr.to(t.dtype))
+            else:
+                res.append(None)
+        return (*res, None, None)
+
+
+def delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, *,
+               g: torch.Tensor | None = None, scale: float | None = None, mode: str = "chunk",
+               chunk_size: int = 64, initial_state: torch.Tensor | None = None,
+               output_final_state: bool = False, backend: str = "auto"):
+    """DeltaNet (``g=None``) and Gated DeltaNet.
+
+    ``S_t = alpha_t S_{t-1} (I - beta_t k_t k_t^T) + beta_t v_t k_t^T``, ``o_t = S_t (scale q_t)``,
+    ``alpha_t = exp(g_t)``.
+
+    Args:
+        q, k: ``[B, H, T, D]``.  v: ``[B, H, T, Dv]``.  beta: ``[B, H, T]`` in ``[0, 2]``.
+        g: ``[B, H, T]``, the log-decay (``<= 0``); None for plain DeltaNet.
+        scale: multiplies q; None means ``1 / sqrt(D)``.
+        mode: ``"recurrent"`` | ``"chunk"`` | ``"parallel"`` -- same outputs, different algorithms
+            (see the module docstring). The Triton kernel implements ``"chunk"``.
+        chunk_size: ``C``, a power of two in ``[16, 128]`` (``"chunk"`` mode).
+        initial_state: ``[B, H, Dv, D]``; the computation continues from it exactly.
+        output_final_state: also return ``S_T [B, H, Dv, D]`` (float32; float64 for float64 inputs).
+        backend: ``"auto"`` (Triton on CUDA, reference elsewhere), ``"torch"`` or ``"triton"``.
+
+    Keys are used as given: the update is stable when ``beta_t ||k_t||^2 <= 2`` (normalise keys).
+    Half-precision inputs are computed with a float32 state. Returns ``o [B, H, T, Dv]`` in q's dtype,
+    or ``(o, S_T)``.
+    """
+    if not isinstance(mode, str) or mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}; got {mode!r}")
+    chunk_size = _validate.check_power_of_two("chunk_size", chunk_size, lo=16, hi=128)
+    if not isinstance(output_final_state, bool):
+        raise TypeError(f"output_final_state must be a bool; got {type(output_final_state).__name__}")
+    B, H, T, D, Dv = _check_delta_inputs(q, k, v, beta, g, initial_state)
+    scale = 1.0 / math.sqrt(D) if scale is None else _validate.check_positive("scale", scale)
+    which = resolve_backend(backend, q)
+    if which == "triton":
+        if mode != "chunk":
+            raise ValueError(f"backend='triton' implements mode='chunk'; got mode={mode!r} "
+                             "(use backend='torch' for the recurrent and parallel references)")
+        if q.dtype not in _validate.KERNEL_DTYPES:
+            raise TypeError(f"q has dtype {str(q.dtype).replace('torch.', '')}; the Triton kernel takes "
+                            "float16, bfloat16 or float32 (use backend='torch' for float64)")
+        o, S = _TritonDeltaRule.apply(q, k, v, beta, g, initial_state, scale, chunk_size)
+    elif mode == "recurrent":
+        o, S = delta_rule_recurrent(q, k, v, beta, g, scale=scale, initial_state=initial_state)
+    elif mode == "chunk":
+        o, S = delta_rule_chunk_reference(q, k, v, beta, g, scale=scale, chunk_size=chunk_size,
+                                          initial_state=initial_state)
+    else:
+        o, S = delta_rule_parallel_reference(q, k, v, beta, g, scale=scale, initial_state=initial_state)
+    o = o.to(q.dtype)
+    return (o, S) if output_final_state else o
+
+
+def delta_rule_decode_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor,
+                           state: torch.Tensor | None = None, *, g: torch.Tensor | None = None,
+                           scale: float | None = None):
+    """One token of generation: ``q, k: [B, H, D]``, ``v: [B, H, Dv]``, ``beta, g: [B, H]``,
+    ``state: [B, H, Dv, D]`` (None = zeros). Returns ``(o [B, H, Dv], new_state)``.
+
+    The same update as :func:`delta_rule` -- ``S = alpha S (I - beta k k^T) + beta v k^T``, ``o = S q`` --
+    costing ``O(D Dv)`` per token whatever the position: the state replaces the KV cache.
+    """
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        _validate.check_tensor(name, t, ndim=3)
+    _validate.check_same_device_dtype([("q", q), ("k", k), ("v", v)])
+    B, H, D = q.shape
+    if tuple(k.shape) != (B, H, D):
+        raise ValueError(f"k has shape {tuple(k.shape)}; expected ({B}, {H}, {D}) to match q")
+    if v.shape[:2] != (B, H):
+        raise ValueError(f"v has shape {tuple(v.shape)}; expected ({B}, {H}, *) to match q")
+    Dv = v.shape[2]
+    o, S = delta_rule(q.unsqueeze(2), k.unsqueeze(2), v.unsqueeze(2),
+                      beta.unsqueeze(2) if isinstance(beta, torch.Tensor) and beta.dim() == 2 else beta,
+                      g=g.unsqueeze(2) if isinstance(g, torch.Tensor) and g.dim() == 2 else g,
+                      scale=scale, mode="recurrent", initial_state=state, output_final_state=True,
+                      backend="torch")
+    if S.shape[-2] != Dv:  # pragma: no cover - guarded by delta_rule's checks
+        raise AssertionError
+    return o.squeeze(2), S
+
+
+def huber_delta_rule_recurrent(q, k, v, beta, *, delta: float, scale: float, initial_state=None,
+                               return_state: bool = False):
+    """A delta rule for the Huber loss (seed 001's "other losses"), token by token.
+
+    One gradient step on ``sum_i huber_delta((S k_t - v_t)_i)`` is ``S += beta_t clip(v_t - S k_t, -delta,
+    delta) k_t^T``: errors larger than ``delta`` move the state by at most ``beta delta`` per component,
+    so one corrupted value cannot wipe the memory. For ``delta -> inf`` it is the delta rule. The clip
+    makes the update nonlinear in ``S``: there is no WY / chunk form, only this loop.
+    Shapes as :func:`delta_rule_recurrent`; returns ``o`` (and ``S_T`` with ``return_state``).
+    """
+    acc = _acc_dtype(q)
+    q, k, v, beta = (t.to(acc) for t in (q, k, v, beta))
+    B, H, T, D = q.shape
+    S = (torch.zeros(B, H, v.shape[-1], D, dtype=acc, device=q.device) if initial_state is None
+         else initial_state.to(acc).clone())
+    o = []
+    for t in range(T):
+        k_t = k[:, :, t]
+        err = v[:, :, t] - (S @ k_t.unsqueeze(-1)).squeeze(-1)
+        S = S + (beta[:, :, t, None] * err.clamp(-delta, delta)).unsqueeze(-1) * k_t.unsqueeze(-2)
+        o.append((S @ (scale * q[:, :, t]).unsqueeze(-1)).squeeze(-1))
+    o = torch.stack(o, dim=2) if T else q.new_zeros(B, H, 0, v.shape[-1])
+    return (o, S) if return_state else o
+
+
+def associative_recall(num_pairs: int, dim: int, *, rule: str = "delta", beta: float = 1.0,
+                       overwrites: int = 0, trials: int = 4, seed: int = 0) -> tuple[float, float]:
+    """Chapter 3's no-training recall experiment, for either rule, optionally with overwrites.
+
+    Write ``num_pairs`` random unit (key, value) pairs into one ``[dim, dim]`` state (a single pass,
+    no training); then, if ``overwrites > 0``, write the first ``overwrites`` keys again with *new*
+    random values. Read every key back: ``S k_i`` should be its latest value. ``rule="linear"`` uses
+    :func:`attnlib.linear.linear_attention` (``S = sum v k^T``); ``rule="delta"`` uses
+    :func:`delta_rule` with the given ``beta``.
+
+    Returns ``(accuracy, readout_error)`` averaged over ``trials``: accuracy is the fraction of reads
+    whose nearest written value (largest dot product, among all values ever written, old ones
+    included) is the latest value of that key; readout_error is the mean ``|S k_i - v_i|^2``.
+    """
+    if rule not in ("linear", "delta"):
+        raise ValueError(f"rule must be 'linear' or 'delta'; got {rule!r}")
+    if not 0 <= overwrites <= num_pairs:
+        raise ValueError(f"overwrites must be in [0, num_pairs={num_pairs}]; got {overwrites}")
+    gen = torch.Generator().manual_seed(seed)
+    acc_sum = err_sum = 0.0
+    for _ in range(trials):
+        keys = torch.nn.functional.normalize(torch.randn(num_pairs, dim, generator=gen, dtype=torch.float64), dim=-1)
+        vals = torch.nn.functional.normalize(torch.randn(num_pairs, dim, generator=gen, dtype=torch.float64), dim=-1)
+        new = torch.nn.functional.normalize(torch.randn(overwrites, dim, generator=gen, dtype=torch.float64), dim=-1)
+        k_seq = torch.cat([keys, keys[:overwrites]])[None, None]
+        v_seq = torch.cat([vals, new])[None, None]
+        q_seq = torch.zeros_like(k_seq)
+        if rule == "linear":
+            from .linear import linear_attention
+            _, S = linear_attention(q_seq, k_seq, v_seq, mode="recurrent", output_final_state=True)
+        else:
+            b = torch.full(k_seq.shape[:3], beta, dtype=torch.float64)
+            _, S = delta_rule(q_seq, k_seq, v_seq, b, mode="chunk", output_final_state=True)
+        latest = torch.cat([new, vals[overwrites:]])                   # what each key should return
+        read = keys @ S[0, 0].T                                       # row i: (S k_i)^T
+        candidates = torch.cat([latest, vals[:overwrites]])           # old values compete too
+        best = (read @ candidates.T).argmax(-1)
+        acc_sum += (best == torch.arange(num_pairs)).double().mean().item()
+        err_sum += (read - latest).square().sum(-1).mean().item()
+    return acc_sum / trials, err_sum / trials
