@@ -10,7 +10,7 @@ Sweep: B=4, H=16, T in {4096, 16384}, D=128, block 128 (and 64), fp16, not causa
 (the masked reference, which pays for every block; small T only).
 FLOPs = 4 * B * H * T^2 * D * density (visited blocks only). Expected on a GPU: time roughly
 proportional to density, and at density 1 within a small factor of the dense kernel (the sparse
-kernel masks every tile and reads an index per block). No GPU numbers have been measured yet.
+kernel masks every tile and reads an index per block). Measured on an H200: see benchmarks/results/.
 """
 
 from __future__ import annotations

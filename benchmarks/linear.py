@@ -151,6 +151,11 @@ def main(argv=None):
                                  "H": H, "T": T, "D": D, "causal": True, "ms": ms,
                                  "tflops": flops / (ms * 1e-3) / 1e12})
                 del q, k, v, bt
+                # Written after every shape, so a run cut short still leaves what it measured.
+                write_results(rows, op="linear", out_dir=args.out)
+                print(f"[done] {dname} D={D} T={T}: " + ", ".join(
+                    f"{r['impl']} {r['ms']:.3f} ms" for r in rows if r["T"] == T and r["D"] == D
+                    and r["dtype"] == dname), flush=True)
     print_table(rows, ["impl", "dtype", "D", "T", "ms", "tflops"])
     path = write_results(rows, op="linear", out_dir=args.out)
     print(f"wrote {path}")

@@ -128,18 +128,38 @@ def _flash_fwd_kernel(Q, K, V, O, LSE,
     tl.store(LSE + b * stride_lb + h * stride_lh + offs_m * stride_lt, lse, mask=offs_m < T_Q)
 
 
-def _pick_blocks(D: int, device: torch.device) -> tuple[int, int, int, int]:
+# Bytes of shared memory the tiles may take: the q tile plus ``stages`` buffered (k, v) tiles. Hopper
+# offers 227 KiB per block and Ampere 163 KiB; leave room for the layout conversions Triton adds.
+_SMEM_BUDGET = 128 * 1024
+
+
+def _pick_blocks(D: int, elem_bytes: int, device: torch.device) -> tuple[int, int, int, int]:
     """(BLOCK_M, BLOCK_N, num_warps, num_stages). Small tiles under the interpreter (it is slow and
-    numpy-backed); on a GPU the Triton tutorial's shapes for Hopper/Ampere."""
+    numpy-backed); on a GPU the Triton tutorial's shapes, shrunk until the tiles fit in shared memory
+    (wide heads such as D=256, and float32, would otherwise fail to launch with OutOfResources)."""
     if device.type != "cuda":
         return 32, 16, 4, 1
-    if D <= 64:
-        return 128, 64, 4, 3
-    return 128, 64, 8, 3
+    bm, bn, warps, stages = (128, 64, 4, 3) if D <= 64 else (128, 64, 8, 3)
+    bd = max(16, triton.next_power_of_2(D))
+
+    def smem(bm, bn, stages):
+        return elem_bytes * (bm * bd + stages * bn * 2 * bd)
+
+    while smem(bm, bn, stages) > _SMEM_BUDGET:
+        if bn > 32:
+            bn //= 2
+        elif bm > 64:
+            bm, warps = bm // 2, 4
+        elif stages > 1:
+            stages -= 1
+        else:
+            break
+    return bm, bn, warps, stages
 
 
 def flash_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float,
-                            causal: bool, block_m: int | None = None, block_n: int | None = None
+                            causal: bool, block_m: int | None = None, block_n: int | None = None,
+                            num_warps: int | None = None, num_stages: int | None = None
                             ) -> tuple[torch.Tensor, torch.Tensor]:
     """Launch the kernel. Inputs already validated by ``attnlib.softmax_attention``.
 
@@ -157,8 +177,10 @@ def flash_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *
     if o.numel() == 0:
         lse.zero_()
         return o, lse
-    BM, BN, warps, stages = _pick_blocks(max(D, DV), q.device)
+    BM, BN, warps, stages = _pick_blocks(max(D, DV), q.element_size(), q.device)
+    # Explicit tiles override the defaults (benchmarks/tune_flash.py sweeps them).
     BM, BN = block_m or BM, block_n or BN
+    warps, stages = num_warps or warps, num_stages or stages
     if causal and BM % BN:
         raise ValueError(f"causal tiling needs BLOCK_M a multiple of BLOCK_N; got {BM}, {BN}")
     BLOCK_D = max(16, triton.next_power_of_2(D))

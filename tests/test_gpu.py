@@ -1,0 +1,228 @@
+"""Every Triton kernel on a CUDA GPU, in float16, bfloat16 and float32, against float64 references.
+
+Skipped without a GPU (CI has none); run on one with the interpreter off:
+
+    TRITON_INTERPRET=0 python -m pytest tests/test_gpu.py
+
+The reference is always computed in float64 from the *same* (already rounded) inputs, so the error
+measured is the kernel's own arithmetic plus the rounding of its output. Tolerances (relative RMS):
+
+* float32: the kernels use IEEE fp32 products (no tf32), so errors sit near 1e-6; bound 2e-5;
+* float16: output rounding alone is ~3e-4 (2^-11 / sqrt(3)); bound 3e-3;
+* bfloat16: output rounding alone is ~2e-3 (2^-8 / sqrt(3)); bound 2e-2.
+
+With ``ATTNLIB_GPU_ERRORS=path.json`` set, every measured error is also written to that file (the
+table quoted in the notes comes from there).
+"""
+
+import json
+import math
+import os
+
+import pytest
+import torch
+
+import attnlib
+from attnlib.attention import softmax_attention_reference
+from attnlib.deltanet import delta_rule_recurrent
+from attnlib.sparse import block_sparse_attention_reference, n_blocks
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+DTYPES = [torch.float16, torch.bfloat16, torch.float32]
+TOL = {torch.float32: 2e-5, torch.float16: 3e-3, torch.bfloat16: 2e-2}
+_ERRORS: list[dict] = []
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _write_errors():
+    yield
+    path = os.environ.get("ATTNLIB_GPU_ERRORS")
+    if path and _ERRORS:
+        info = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
+        try:
+            import triton
+            info["triton"] = triton.__version__
+        except ImportError:  # pragma: no cover
+            pass
+        with open(path, "w") as f:
+            json.dump({**info, "errors": _ERRORS}, f, indent=1)
+
+
+def _check(op, dtype, got, ref, tol=None, **shape):
+    """Relative RMS error in float64; recorded, then asserted (NaN never passes)."""
+    got, ref = got.double(), ref.double()
+    err = ((got - ref).norm() / ref.norm().clamp_min(1e-300)).item()
+    _ERRORS.append({"op": op, "dtype": str(dtype).replace("torch.", ""), "rel_rms": err, **shape})
+    assert torch.isfinite(got).all(), f"{op}: non-finite output"
+    assert err < (tol or TOL[dtype]), f"{op} {dtype} {shape}: rel RMS {err:.2e}"
+
+
+def _randn(*shape, dtype, seed):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(*shape, generator=g).to(device="cuda", dtype=dtype)
+
+
+# ---------------------------------------------------------------------------- chapter 1
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("T,D", [(1, 64), (129, 64), (1000, 128), (257, 80), (77, 16), (300, 256)])
+def test_softmax_attention(dtype, causal, T, D):
+    q, k, v = (_randn(2, 3, T, D, dtype=dtype, seed=T + i) for i in range(3))
+    o, lse = attnlib.softmax_attention(q, k, v, causal=causal, return_lse=True, backend="triton")
+    o_ref, lse_ref = softmax_attention_reference(q.double(), k.double(), v.double(),
+                                                 scale=D ** -0.5, causal=causal)
+    _check("softmax_attention", dtype, o, o_ref, T=T, D=D, causal=causal)
+    _check("softmax_attention.lse", dtype, lse, lse_ref, tol=1e-5, T=T, D=D, causal=causal)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_softmax_attention_cross_lengths(dtype):
+    q = _randn(1, 2, 37, 48, dtype=dtype, seed=1)
+    k, v = _randn(1, 2, 301, 48, dtype=dtype, seed=2), _randn(1, 2, 301, 24, dtype=dtype, seed=3)
+    o = attnlib.softmax_attention(q, k, v, backend="triton")
+    o_ref, _ = softmax_attention_reference(q.double(), k.double(), v.double(), scale=48 ** -0.5)
+    _check("softmax_attention.cross", dtype, o, o_ref, Tq=37, Tk=301, D=48, Dv=24)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_softmax_attention_huge_logits(dtype):
+    """Logits of order 1e4 (beyond what exp can hold in any dtype): finite, and right."""
+    q = _randn(1, 2, 64, 32, dtype=dtype, seed=5) * 20
+    k = _randn(1, 2, 64, 32, dtype=dtype, seed=6) * 20
+    v = _randn(1, 2, 64, 32, dtype=dtype, seed=7)
+    o = attnlib.softmax_attention(q, k, v, scale=1.0, causal=True, backend="triton")
+    o_ref, _ = softmax_attention_reference(q.double(), k.double(), v.double(), scale=1.0, causal=True)
+    assert (q.double() @ k.double().transpose(-1, -2)).abs().max() > 5e3
+    _check("softmax_attention.huge_logits", dtype, o, o_ref, T=64, D=32)
+
+
+def test_softmax_attention_backward():
+    q, k, v = (_randn(1, 2, 150, 64, dtype=torch.float32, seed=10 + i).requires_grad_() for i in range(3))
+    grads = []
+    for backend in ("triton", "torch"):
+        o = attnlib.softmax_attention(q, k, v, causal=True, backend=backend)
+        grads.append(torch.autograd.grad(o.square().sum(), (q, k, v)))
+    for a, b in zip(*grads):
+        _check("softmax_attention.grad", torch.float32, a, b, T=150, D=64)
+
+
+# ---------------------------------------------------------------------------- chapter 2
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("T,D,bs,causal", [(200, 64, 16, False), (333, 64, 32, True),
+                                           (1000, 128, 64, True), (95, 40, 16, False)])
+def test_block_sparse_attention(dtype, T, D, bs, causal):
+    q, k = _randn(2, 3, T, D, dtype=dtype, seed=T), _randn(2, 3, T, D, dtype=dtype, seed=T + 1)
+    v = _randn(2, 3, T, D, dtype=dtype, seed=T + 2)
+    nb = n_blocks(T, bs)
+    g = torch.Generator().manual_seed(T)
+    mask = ((torch.rand(3, nb, nb, generator=g) < 0.4) | torch.eye(nb, dtype=torch.bool)).cuda()
+    o, lse = attnlib.block_sparse_attention(q, k, v, mask, block_size=bs, causal=causal,
+                                            return_lse=True, backend="triton")
+    o_ref, lse_ref = block_sparse_attention_reference(q.double(), k.double(), v.double(), mask,
+                                                      block_size=bs, scale=D ** -0.5, causal=causal)
+    _check("block_sparse_attention", dtype, o, o_ref, T=T, D=D, block=bs, causal=causal)
+    _check("block_sparse_attention.lse", dtype, lse, lse_ref, tol=1e-5, T=T, D=D, block=bs, causal=causal)
+
+
+# ---------------------------------------------------------------------------- chapter 3
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("T,D,Dv,causal,cs", [(1, 64, 64, True, 64), (1000, 64, 64, True, 64),
+                                              (777, 128, 128, True, 32), (300, 48, 24, False, 64),
+                                              (4097, 64, 64, True, 128)])
+def test_linear_attention(dtype, T, D, Dv, causal, cs):
+    q, k = _randn(2, 3, T, D, dtype=dtype, seed=T), _randn(2, 3, T, D, dtype=dtype, seed=T + 1)
+    v = _randn(2, 3, T, Dv, dtype=dtype, seed=T + 2)
+    S0 = _randn(2, 3, Dv, D, dtype=torch.float32, seed=T + 3)
+    o, S = attnlib.linear_attention(q, k, v, causal=causal, chunk_size=cs, initial_state=S0,
+                                    output_final_state=True, backend="triton")
+    o_ref, S_ref = attnlib.linear_attention(q.double(), k.double(), v.double(), causal=causal,
+                                            initial_state=S0.double(), output_final_state=True,
+                                            mode="parallel", backend="torch")
+    _check("linear_attention", dtype, o, o_ref, T=T, D=D, Dv=Dv, causal=causal, chunk=cs)
+    _check("linear_attention.state", dtype, S, S_ref, tol=1e-5, T=T, D=D, Dv=Dv, causal=causal, chunk=cs)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_linear_attention_normalized_feature_map(dtype):
+    q, k, v = (_randn(1, 2, 513, 32, dtype=dtype, seed=20 + i) for i in range(3))
+    o = attnlib.linear_attention(q, k, v, feature_map="elu1", normalize=True, backend="triton")
+    o_ref = attnlib.linear_attention(q.double(), k.double(), v.double(), feature_map="elu1",
+                                     normalize=True, mode="recurrent", backend="torch")
+    _check("linear_attention.elu1_normalized", dtype, o, o_ref, T=513, D=32)
+
+
+def test_linear_attention_backward():
+    q, k, v = (_randn(1, 2, 200, 32, dtype=torch.float32, seed=30 + i).requires_grad_() for i in range(3))
+    grads = []
+    for backend in ("triton", "torch"):
+        o = attnlib.linear_attention(q, k, v, backend=backend)
+        grads.append(torch.autograd.grad(o.square().sum(), (q, k, v)))
+    for a, b in zip(*grads):
+        _check("linear_attention.grad", torch.float32, a, b, T=200, D=32)
+
+
+# ---------------------------------------------------------------------------- chapter 4
+
+def _delta_inputs(B, H, T, D, Dv, dtype, gated, seed):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, H, T, D, generator=g)
+    k = torch.nn.functional.normalize(torch.randn(B, H, T, D, generator=g), dim=-1)
+    v = torch.randn(B, H, T, Dv, generator=g)
+    beta = torch.rand(B, H, T, generator=g) * 2
+    gg = -0.3 * torch.rand(B, H, T, generator=g) if gated else None
+    cast = [t.to(device="cuda", dtype=dtype) if t is not None else None for t in (q, k, v, beta, gg)]
+    return cast
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("gated", [False, True])
+@pytest.mark.parametrize("T,D,Dv,cs", [(1, 64, 64, 64), (1000, 64, 64, 64), (777, 128, 128, 64),
+                                       (300, 40, 24, 32), (2049, 128, 128, 16)])
+def test_delta_rule(dtype, gated, T, D, Dv, cs):
+    q, k, v, beta, g = _delta_inputs(2, 3, T, D, Dv, dtype, gated, seed=T)
+    S0 = _randn(2, 3, Dv, D, dtype=torch.float32, seed=T + 9) * 0.1
+    o, S = attnlib.delta_rule(q, k, v, beta, g=g, chunk_size=cs, initial_state=S0,
+                              output_final_state=True, backend="triton")
+    o_ref, S_ref = delta_rule_recurrent(q.double(), k.double(), v.double(), beta.double(),
+                                        None if g is None else g.double(), scale=D ** -0.5,
+                                        initial_state=S0.double())
+    shape = dict(T=T, D=D, Dv=Dv, gated=gated, chunk=cs)
+    _check("delta_rule", dtype, o, o_ref, **shape)
+    _check("delta_rule.state", dtype, S, S_ref, tol=max(TOL[dtype], 1e-4), **shape)
+
+
+def test_delta_rule_backward():
+    ts = [t.requires_grad_() for t in _delta_inputs(1, 2, 150, 32, 32, torch.float32, True, seed=40)]
+    grads = []
+    for backend in ("triton", "torch"):
+        o = attnlib.delta_rule(*ts[:4], g=ts[4], backend=backend)
+        grads.append(torch.autograd.grad(o.square().sum(), ts))
+    for a, b in zip(*grads):
+        _check("delta_rule.grad", torch.float32, a, b, T=150, D=32)
+
+
+# ---------------------------------------------------------------------------- edge cases, every op
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_empty_batch_and_zero_length(dtype):
+    for B, T in ((0, 16), (2, 0)):
+        q, k, v = (torch.randn(B, 2, T, 32, device="cuda").to(dtype) for _ in range(3))
+        beta = torch.ones(B, 2, T, device="cuda", dtype=dtype)
+        outs = [attnlib.linear_attention(q, k, v, backend="triton"),
+                attnlib.delta_rule(q, k, v, beta, backend="triton")]
+        if T:
+            outs.append(attnlib.softmax_attention(q, k, v, backend="triton"))
+            mask = torch.ones(2, 1, 1, dtype=torch.bool, device="cuda")
+            outs.append(attnlib.block_sparse_attention(q, k, v, mask, block_size=16, backend="triton"))
+        for o in outs:
+            assert o.shape == (B, 2, T, 32) and o.dtype == dtype
+
+
+def test_auto_backend_picks_the_kernel_on_cuda():
+    from attnlib._backend import resolve_backend
+    assert resolve_backend("auto", torch.zeros(1, device="cuda")) == "triton"
+    assert math.isfinite(float(attnlib.softmax_attention(*(torch.randn(1, 1, 3, 8, device="cuda"),) * 3).sum()))
