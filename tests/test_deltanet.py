@@ -178,7 +178,8 @@ def test_gradients_flow_through_every_mode(rel_err):
 # ------------------------------------------------------------------ the Triton kernel (interpreter)
 
 @pytest.mark.parametrize("T,D,Dv,gated,cs", [(63, 8, 5, False, 16), (63, 8, 5, True, 16),
-                                             (100, 20, 12, True, 32), (17, 3, 33, False, 16)])
+                                             (100, 20, 12, True, 32), (17, 3, 33, False, 16),
+                                             (1000, 4, 3, True, 64)])
 def test_triton_chunk_kernel_matches_recurrent(T, D, Dv, gated, cs, rel_err):
     q, k, v, beta, g = make(B=1, H=2, T=T, D=D, Dv=Dv, gated=gated)
     S0 = torch.randn(1, 2, Dv, D, dtype=torch.float64)

@@ -4,7 +4,7 @@ import math
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 import attnlib
@@ -76,6 +76,13 @@ def test_softmax_solver_does_not_call_softmax(monkeypatch):
 @given(dims, dims, st.floats(0.2, 5.0), seeds)
 def test_sinkhorn_meets_both_marginals_and_first_half_step_is_softmax(nq, nk, eps, seed):
     C = _cost(nq, nk, seed, scale=1.0)
+    # Sinkhorn contracts the Hilbert projective metric by tanh(delta/4)^2 per round, with delta the
+    # projective diameter of the Gibbs kernel exp(-C/eps) (Franklin & Lorenz, 1989). Near-permutation
+    # problems (small eps, spread-out costs) need far more than 5000 rounds; only problems the bound
+    # says converge within the budget are tested.
+    M = C[:, :, None] - C[:, None, :]                            # M[i, k, l] = C_ik - C_il
+    delta = ((M.amax(0) - M.amin(0)).max() / eps).item()
+    assume(5000 * math.log(math.tanh(delta / 4) ** 2 + 1e-300) < -40)
     P, f, g, _ = eot.sinkhorn(C, eps, n_iter=5000, tol=1e-11, return_potentials=True)
     assert (P.sum(-1) - 1).abs().max() < 1e-9
     assert (P.sum(-2) - nq / nk).abs().max() < 1e-9
@@ -117,7 +124,10 @@ def test_lse_hessian_is_fisher_psd_with_ones_in_null_space(nk, eps, seed):
     s = torch.randn(nk, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
     H = eot.lse_hessian(s, eps)
     H_auto = torch.autograd.functional.hessian(lambda x: eps * torch.logsumexp(x / eps, -1), s)
-    assert rel_rms(H, H_auto) < 1e-10
+    # Entries are p_i(delta_ij - p_j)/eps, at most 1/(4 eps) in size. When p is nearly one-hot they are
+    # tiny and autograd's route loses relative accuracy to cancellation (1 - p), so the error is
+    # measured against the entries' scale 1/eps, not against themselves.
+    assert (H - H_auto).abs().max() * eps < 1e-12
     assert torch.linalg.eigvalsh(H).min() > -1e-12
     assert (H @ torch.ones(nk, dtype=torch.float64)).abs().max() < 1e-12
 
