@@ -52,6 +52,12 @@ def delta_rule_recurrent(q, k, v, beta, g=None, *, scale: float, initial_state=N
 
     Computes in float32 (float64 for float64 inputs). Returns ``(o [B, H, T, Dv], S_T [B, H, Dv, D])``.
     """
+    return _recurrence(q, k, v, beta, g, scale=scale, initial_state=initial_state, clip=None)
+
+
+def _recurrence(q, k, v, beta, g, *, scale, initial_state, clip):
+    """S_t = alpha_t S_{t-1} + beta_t c(v_t - alpha_t S_{t-1} k_t) k_t^T, o_t = S_t q_t, with c the
+    identity (the delta rule) or a componentwise clip to [-clip, clip] (the Huber rule)."""
     acc = _acc_dtype(q)
     q, k, v, beta = (t.to(acc) for t in (q, k, v, beta))
     B, H, T, D = q.shape
@@ -62,8 +68,10 @@ def delta_rule_recurrent(q, k, v, beta, g=None, *, scale: float, initial_state=N
         k_t, v_t, b_t = k[:, :, t], v[:, :, t], beta[:, :, t, None]
         if g is not None:
             S = S * torch.exp(g[:, :, t].to(acc))[..., None, None]                  # forget
-        pred = (S @ k_t.unsqueeze(-1)).squeeze(-1)                                   # S k_t, [B,H,Dv]
-        S = S + (b_t * (v_t - pred)).unsqueeze(-1) * k_t.unsqueeze(-2)              # delta rule
+        err = v_t - (S @ k_t.unsqueeze(-1)).squeeze(-1)                              # v_t - S k_t, [B,H,Dv]
+        if clip is not None:
+            err = err.clamp(-clip, clip)
+        S = S + (b_t * err).unsqueeze(-1) * k_t.unsqueeze(-2)                        # delta rule
         o.append((S @ (scale * q[:, :, t]).unsqueeze(-1)).squeeze(-1))               # o_t = S_t q_t
     o = torch.stack(o, dim=2) if T else q.new_zeros(B, H, 0, v.shape[-1])
     return o, S
@@ -358,18 +366,7 @@ def huber_delta_rule_recurrent(q, k, v, beta, *, delta: float, scale: float, ini
     makes the update nonlinear in ``S``: there is no WY / chunk form, only this loop.
     Shapes as :func:`delta_rule_recurrent`; returns ``o`` (and ``S_T`` with ``return_state``).
     """
-    acc = _acc_dtype(q)
-    q, k, v, beta = (t.to(acc) for t in (q, k, v, beta))
-    B, H, T, D = q.shape
-    S = (torch.zeros(B, H, v.shape[-1], D, dtype=acc, device=q.device) if initial_state is None
-         else initial_state.to(acc).clone())
-    o = []
-    for t in range(T):
-        k_t = k[:, :, t]
-        err = v[:, :, t] - (S @ k_t.unsqueeze(-1)).squeeze(-1)
-        S = S + (beta[:, :, t, None] * err.clamp(-delta, delta)).unsqueeze(-1) * k_t.unsqueeze(-2)
-        o.append((S @ (scale * q[:, :, t]).unsqueeze(-1)).squeeze(-1))
-    o = torch.stack(o, dim=2) if T else q.new_zeros(B, H, 0, v.shape[-1])
+    o, S = _recurrence(q, k, v, beta, None, scale=scale, initial_state=initial_state, clip=delta)
     return (o, S) if return_state else o
 
 

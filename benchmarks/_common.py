@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import math
 import platform
 import re
 from pathlib import Path
@@ -80,3 +81,32 @@ def write_results(rows: list[dict], *, op: str, out_dir: Path | None = None) -> 
     path.write_text(json.dumps({"device": dev, "date": date, "versions": versions(), "rows": rows},
                                indent=1) + "\n")
     return path
+
+
+def require_agreement(name: str, got: torch.Tensor, ref: torch.Tensor, what: str, tol: float = 2e-2) -> float:
+    """Print ``got``'s relative RMS error against the float64 ``ref``; stop the benchmark (nothing is
+    timed) when it is not finite or above ``tol`` -- a fast wrong kernel is not a result."""
+    err = ((got.double() - ref).norm() / ref.norm()).item()
+    print(f"[check] {name} vs {what}: relative RMS error {err:.2e}")
+    if not math.isfinite(err) or err > tol:
+        raise SystemExit(f"{name} disagrees with the reference (error {err:.2e}); not timing it")
+    return err
+
+
+def checkpoint(rows: list[dict], *, file_op: str, out_dir: Path | None, label: str, **match) -> None:
+    """After each shape: rewrite the JSON named after ``file_op`` (a run cut short keeps what it
+    measured) and print the times of the rows matching ``match``."""
+    write_results(rows, op=file_op, out_dir=out_dir)
+    done = [r for r in rows if all(r.get(k) == v for k, v in match.items())]
+    print(f"[done] {label}: " + ", ".join(f"{r['impl']} {r['ms']:.3f} ms" for r in done), flush=True)
+
+
+def add_sweep_arguments(ap, *, dtypes: str) -> None:
+    """The options every sequence-length sweep shares (--smoke, --out, --dtypes, --D, --T, --B, --H)."""
+    ap.add_argument("--smoke", action="store_true", help="tiny CPU run of the torch paths")
+    ap.add_argument("--out", type=Path, default=None, help="directory for the JSON file")
+    ap.add_argument("--dtypes", default=dtypes)
+    ap.add_argument("--D", default="64,128")
+    ap.add_argument("--T", default="1024,2048,4096,8192,16384,32768")
+    ap.add_argument("--B", type=int, default=4)
+    ap.add_argument("--H", type=int, default=16)

@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import DTYPES, print_table, time_ms, write_results  # noqa: E402
+from _common import DTYPES, add_sweep_arguments, checkpoint, print_table, require_agreement, time_ms, write_results  # noqa: E402
 
 import attnlib  # noqa: E402
 
@@ -94,22 +94,13 @@ def check_agreement(fla_fn, device, dtype):
             bq, bk, bv, bb, bg = to_bt(q, k, v, beta, g)
             got["fla"] = fla_fn(bq, bk, bv, bb, bg, 1 / math.sqrt(64)).transpose(1, 2)
         for name, o in got.items():
-            err = ((o.double() - ref).norm() / ref.norm()).item()
-            print(f"[check] {name} {'gated' if gated else 'plain'} vs float64 recurrence, "
-                  f"{str(dtype).replace('torch.', '')}: relative RMS error {err:.2e}")
-            if not math.isfinite(err) or err > 2e-2:
-                raise SystemExit(f"{name} disagrees with the reference (error {err:.2e}); not timing it")
+            require_agreement(name, o, ref, f"float64 recurrence ({'gated' if gated else 'plain'}, "
+                                          f"{str(dtype).replace('torch.', '')})")
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--smoke", action="store_true", help="tiny CPU run of the torch paths")
-    ap.add_argument("--out", type=Path, default=None, help="directory for the JSON file")
-    ap.add_argument("--dtypes", default="bf16")
-    ap.add_argument("--D", default="64,128")
-    ap.add_argument("--T", default="1024,2048,4096,8192,16384,32768")
-    ap.add_argument("--B", type=int, default=4)
-    ap.add_argument("--H", type=int, default=16)
+    add_sweep_arguments(ap, dtypes="bf16")
     ap.add_argument("--max-T-recurrent", type=int, default=4096)
     args = ap.parse_args(argv)
 
@@ -163,11 +154,8 @@ def main(argv=None):
                                      "tflops": delta_flops(B, H, T, D) / (ms * 1e-3) / 1e12,
                                      "backend": kernel_backend if name == "attnlib" else name})
                     del runs, q, k, v, beta, g, bt
-                    # Written after every shape, so a run cut short still leaves what it measured.
-                    write_results(rows, op="deltanet", out_dir=args.out)
-                    print(f"[done] {op} D={D} T={T}: " + ", ".join(
-                        f"{r['impl']} {r['ms']:.3f} ms" for r in rows if r["T"] == T and r["D"] == D
-                        and r["op"] == op and r["dtype"] == dname), flush=True)
+                    checkpoint(rows, file_op="deltanet", out_dir=args.out, label=f"{op} D={D} T={T}",
+                               op=op, T=T, D=D, dtype=dname)
     print_table(rows, ["op", "impl", "dtype", "D", "T", "ms", "tflops"])
     path = write_results(rows, op="deltanet", out_dir=args.out)
     print(f"wrote {path}")

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import math
 import sys
 from pathlib import Path
 
@@ -38,7 +37,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import DTYPES, print_table, time_ms, write_results  # noqa: E402
+from _common import DTYPES, add_sweep_arguments, checkpoint, print_table, require_agreement, time_ms, write_results  # noqa: E402
 
 import attnlib  # noqa: E402
 
@@ -95,22 +94,12 @@ def check_agreement(fla_fn, device, dtype):
         bt = [x.transpose(1, 2).contiguous() for x in (q, k, v)]
         got["fla"] = fla_fn(*bt).transpose(1, 2)
     for name, o in got.items():
-        err = ((o.double() - ref).norm() / ref.norm()).item()
-        print(f"[check] {name} vs float64 reference, {str(dtype).replace('torch.', '')}: "
-              f"relative RMS error {err:.2e}")
-        if not math.isfinite(err) or err > 2e-2:
-            raise SystemExit(f"{name} disagrees with the reference (error {err:.2e}); not timing it")
+        require_agreement(name, o, ref, f"float64 reference ({str(dtype).replace('torch.', '')})")
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--smoke", action="store_true", help="tiny CPU run of the torch paths")
-    ap.add_argument("--out", type=Path, default=None, help="directory for the JSON file")
-    ap.add_argument("--dtypes", default="bf16,fp16")
-    ap.add_argument("--D", default="64,128")
-    ap.add_argument("--T", default="1024,2048,4096,8192,16384,32768")
-    ap.add_argument("--B", type=int, default=4)
-    ap.add_argument("--H", type=int, default=16)
+    add_sweep_arguments(ap, dtypes="bf16,fp16")
     args = ap.parse_args(argv)
 
     if args.smoke:
@@ -151,11 +140,8 @@ def main(argv=None):
                                  "H": H, "T": T, "D": D, "causal": True, "ms": ms,
                                  "tflops": flops / (ms * 1e-3) / 1e12})
                 del q, k, v, bt
-                # Written after every shape, so a run cut short still leaves what it measured.
-                write_results(rows, op="linear", out_dir=args.out)
-                print(f"[done] {dname} D={D} T={T}: " + ", ".join(
-                    f"{r['impl']} {r['ms']:.3f} ms" for r in rows if r["T"] == T and r["D"] == D
-                    and r["dtype"] == dname), flush=True)
+                checkpoint(rows, file_op="linear", out_dir=args.out, label=f"{dname} D={D} T={T}",
+                           T=T, D=D, dtype=dname)
     print_table(rows, ["impl", "dtype", "D", "T", "ms", "tflops"])
     path = write_results(rows, op="linear", out_dir=args.out)
     print(f"wrote {path}")
