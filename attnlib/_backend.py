@@ -1,4 +1,4 @@
-"""Backend choice, in one place.
+"""Backend choice: one rule for every op.
 
 Every public op takes ``backend="auto" | "torch" | "triton"``:
 
@@ -6,8 +6,14 @@ Every public op takes ``backend="auto" | "torch" | "triton"``:
 * ``"triton"`` -- the kernel. On CUDA tensors it is compiled for the GPU; on CPU tensors it runs
   through Triton's interpreter, which is only possible when ``TRITON_INTERPRET=1`` was set before
   the kernels were defined (Triton reads the variable when ``@triton.jit`` decorates a function,
-  so set it before importing attnlib).
-* ``"auto"``   -- the kernel on CUDA tensors (when Triton is installed), the reference elsewhere.
+  so set it before importing attnlib). Where the kernel does not apply to a call, a clear error.
+* ``"auto"``   -- **the kernel where it applies, the reference otherwise.** The kernel applies when
+  the tensors are on a CUDA device, Triton is installed, the dtype is float16, bfloat16 or float32,
+  and the op's own condition holds (its mode, chunk or block size, head dims...).
+
+Each op states its own condition as a reason the kernel does *not* apply (``None`` when it does) and
+hands it to :func:`choose_backend`; the decision itself is :func:`decide`, a pure function of the
+device type, the dtype and that reason, so it is tested without a GPU.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import os
 import torch
 
 BACKENDS = ("auto", "torch", "triton")
+KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 # Read once, at import: this is the value the kernels' @triton.jit decorators will see, because
 # attnlib.kernels is imported lazily, but always after this module. Changing the variable later
@@ -29,22 +36,38 @@ def triton_installed() -> bool:
     return importlib.util.find_spec("triton") is not None
 
 
-def resolve_backend(backend: str, x: torch.Tensor) -> str:
-    """Return ``"torch"`` or ``"triton"`` for an op whose inputs live where ``x`` lives."""
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def decide(backend: str, *, device_type: str, dtype: torch.dtype, why_not: str | None,
+           triton_available: bool, interpret: bool) -> str:
+    """The rule, as a pure function. Returns ``"torch"`` or ``"triton"``, or raises.
+
+    ``why_not`` is the op's reason its kernel does not apply to this call (``None``: it applies).
+    """
     if not isinstance(backend, str) or backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}; got {backend!r}")
     if backend == "torch":
         return "torch"
+    dtype_ok = dtype in KERNEL_DTYPES
     if backend == "auto":
-        return "triton" if (x.is_cuda and triton_installed()) else "torch"
-    # backend == "triton": say exactly what is missing.
-    if not triton_installed():
+        applies = device_type == "cuda" and triton_available and dtype_ok and why_not is None
+        return "triton" if applies else "torch"
+    # backend == "triton": say exactly why it cannot run, if it cannot.
+    if not dtype_ok:
+        raise TypeError(f"the inputs have dtype {_dtype_name(dtype)}; the Triton kernel takes float16, "
+                        "bfloat16 or float32 (use backend='torch', or 'auto', which falls back to it)")
+    if why_not is not None:
+        raise ValueError(f"backend='triton' does not apply here: {why_not} (use backend='torch', or "
+                         "'auto', which falls back to the reference)")
+    if not triton_available:
         raise ValueError("backend='triton' needs the triton package (pip install triton); "
                          "use backend='torch' for the reference")
-    if x.is_cuda:
+    if device_type == "cuda":
         return "triton"
-    if x.device.type == "cpu":
-        if not INTERPRET:
+    if device_type == "cpu":
+        if not interpret:
             raise ValueError(
                 "backend='triton' on CPU tensors runs through Triton's interpreter, which must be "
                 "enabled before attnlib is imported: set TRITON_INTERPRET=1 in the environment "
@@ -52,4 +75,10 @@ def resolve_backend(backend: str, x: torch.Tensor) -> str:
                 "or use backend='torch'")
         return "triton"
     raise ValueError(f"backend='triton' supports CUDA tensors (or CPU tensors under "
-                     f"TRITON_INTERPRET=1); got tensors on {x.device}")
+                     f"TRITON_INTERPRET=1); got tensors on {device_type}")
+
+
+def choose_backend(backend: str, x: torch.Tensor, *, why_not: str | None = None) -> str:
+    """Apply :func:`decide` to an op whose inputs live where ``x`` lives and have its dtype."""
+    return decide(backend, device_type=x.device.type, dtype=x.dtype, why_not=why_not,
+                  triton_available=triton_installed(), interpret=INTERPRET)

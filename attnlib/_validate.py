@@ -12,7 +12,6 @@ from collections.abc import Sequence
 import torch
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
 def _shape(t: torch.Tensor) -> tuple[int, ...]:

@@ -17,7 +17,7 @@ import math
 import torch
 
 from . import _validate
-from ._backend import resolve_backend
+from ._backend import choose_backend
 
 
 def softmax_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
@@ -77,6 +77,13 @@ class _TritonAttention(torch.autograd.Function):
         return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None
 
 
+def _why_not_kernel(D: int, Dv: int) -> str | None:
+    """The flash kernel's own condition (the dtype and device rule is common to every op)."""
+    if max(D, Dv) > 256:
+        return f"the flash kernel takes head dims up to 256; got D={D}, Dv={Dv}"
+    return None
+
+
 def softmax_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
                       scale: float | None = None, causal: bool = False, return_lse: bool = False,
                       backend: str = "auto"):
@@ -88,7 +95,8 @@ def softmax_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
         causal: query ``i`` sees keys ``j <= i`` (needs ``Tq == Tk``).
         return_lse: also return ``lse [B, H, Tq]``, the natural-log log-sum-exp of each row's
             scaled (masked) scores -- the dual potential of chapter 1. float32 (float64 for float64).
-        backend: ``"auto"`` (Triton on CUDA, reference elsewhere), ``"torch"`` or ``"triton"``.
+        backend: ``"auto"`` (the kernel where it applies: CUDA, fp16/bf16/fp32, head dims up
+            to 256; the reference otherwise), ``"torch"`` or ``"triton"``.
 
     Returns:
         ``o [B, H, Tq, Dv]`` in the inputs' dtype, or ``(o, lse)``.
@@ -98,11 +106,7 @@ def softmax_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
         raise TypeError(f"causal must be a bool; got {type(causal).__name__}")
     D = q.shape[-1]
     scale = 1.0 / math.sqrt(D) if scale is None else _validate.check_positive("scale", scale)
-    which = resolve_backend(backend, q)
-    if which == "triton":
-        if q.dtype not in _validate.KERNEL_DTYPES:
-            raise TypeError(f"q has dtype {q.dtype}; the Triton kernel takes float16, bfloat16 or "
-                            "float32 (use backend='torch' for float64)")
+    if choose_backend(backend, q, why_not=_why_not_kernel(D, v.shape[-1])) == "triton":
         o, lse = _TritonAttention.apply(q, k, v, scale, causal)
     else:
         o, lse = softmax_attention_reference(q, k, v, scale=scale, causal=causal)

@@ -33,7 +33,7 @@ import math
 import torch
 
 from . import _validate
-from ._backend import resolve_backend
+from ._backend import choose_backend
 
 MODES = ("recurrent", "chunk", "parallel")
 
@@ -295,7 +295,8 @@ def delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Te
         chunk_size: ``C``, a power of two in ``[16, 128]`` (``"chunk"`` mode).
         initial_state: ``[B, H, Dv, D]``; the computation continues from it exactly.
         output_final_state: also return ``S_T [B, H, Dv, D]`` (float32; float64 for float64 inputs).
-        backend: ``"auto"`` (Triton on CUDA, reference elsewhere), ``"torch"`` or ``"triton"``.
+        backend: ``"auto"`` (the chunk kernel where it applies: CUDA, fp16/bf16/fp32,
+            ``mode="chunk"``, head dims up to 256; the reference otherwise), ``"torch"`` or ``"triton"``.
 
     Keys are used as given: the update is stable when ``beta_t ||k_t||^2 <= 2`` (normalise keys).
     Half-precision inputs are computed with a float32 state. Returns ``o [B, H, T, Dv]`` in q's dtype,
@@ -308,14 +309,11 @@ def delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Te
         raise TypeError(f"output_final_state must be a bool; got {type(output_final_state).__name__}")
     B, H, T, D, Dv = _check_delta_inputs(q, k, v, beta, g, initial_state)
     scale = 1.0 / math.sqrt(D) if scale is None else _validate.check_positive("scale", scale)
-    which = resolve_backend(backend, q)
+    why_not = (f"the kernel implements mode='chunk'; got mode={mode!r}" if mode != "chunk"
+               else f"the kernel takes head dims up to 256; got D={D}, Dv={Dv}" if max(D, Dv) > 256
+               else None)
+    which = choose_backend(backend, q, why_not=why_not)
     if which == "triton":
-        if mode != "chunk":
-            raise ValueError(f"backend='triton' implements mode='chunk'; got mode={mode!r} "
-                             "(use backend='torch' for the recurrent and parallel references)")
-        if q.dtype not in _validate.KERNEL_DTYPES:
-            raise TypeError(f"q has dtype {str(q.dtype).replace('torch.', '')}; the Triton kernel takes "
-                            "float16, bfloat16 or float32 (use backend='torch' for float64)")
         o, S = _TritonDeltaRule.apply(q, k, v, beta, g, initial_state, scale, chunk_size)
     elif mode == "recurrent":
         o, S = delta_rule_recurrent(q, k, v, beta, g, scale=scale, initial_state=initial_state)

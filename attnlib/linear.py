@@ -39,7 +39,7 @@ import torch
 import torch.nn.functional as F
 
 from . import _validate
-from ._backend import resolve_backend
+from ._backend import KERNEL_DTYPES, choose_backend
 
 MODES = ("parallel", "recurrent", "chunk")
 FEATURE_MAPS = ("identity", "elu1", "relu", "favor+")
@@ -339,30 +339,22 @@ def linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
             raise TypeError(f"{name} must be a bool; got {type(flag).__name__}")
     chunk_size = _validate.check_power_of_two("chunk_size", chunk_size, lo=1, hi=4096)
     scale, phi = _check_inputs(q, k, v, scale, feature_map, feature_kwargs)
+    why_not = (f"the kernel implements mode='chunk'; got mode={mode!r}" if mode != "chunk"
+               else f"the kernel takes chunk_size in [16, 128]; got {chunk_size}" if not 16 <= chunk_size <= 128
+               else None)
     # The kernel scales q itself: with the identity map, q and k go to it untouched.
-    identity_to_kernel = phi is None and backend != "torch" and q.dtype in _validate.KERNEL_DTYPES
+    identity_to_kernel = phi is None and backend != "torch" and q.dtype in KERNEL_DTYPES
     if identity_to_kernel:
         qf, kf, Dphi = q, k, q.shape[-1]
     else:
         qf, kf, Dphi = _map(q, k, scale, phi)
+    if why_not is None and max(Dphi, v.shape[-1] + normalize) > 256:
+        why_not = f"the kernel takes feature and value dims up to 256; got {Dphi} and {v.shape[-1] + normalize}"
     if initial_state is not None:
         _check_state("initial_state", initial_state, q, v, Dphi, normalize)
-    which = resolve_backend(backend, q)
-    if which == "triton" and backend == "auto":
-        # "auto" takes the kernel only where it applies; "triton" says why it does not (below).
-        fits = (mode == "chunk" and q.dtype in _validate.KERNEL_DTYPES and 16 <= chunk_size <= 128
-                and max(Dphi, v.shape[-1] + normalize) <= 256)
-        which = "triton" if fits else "torch"
-    if which == "triton" and mode != "chunk":
-        raise ValueError(f"backend='triton' implements mode='chunk'; got mode={mode!r} "
-                         "(use backend='torch' for the other references)")
+    which = choose_backend(backend, q, why_not=why_not)
 
     if which == "triton":
-        if q.dtype not in _validate.KERNEL_DTYPES:
-            raise TypeError(f"q has dtype {q.dtype}; the Triton kernel takes float16, bfloat16 or "
-                            "float32 (use backend='torch' for float64)")
-        if not 16 <= chunk_size <= 128:
-            raise ValueError(f"chunk_size must be in [16, 128] for the Triton kernel; got {chunk_size}")
         # The kernel takes already-mapped inputs in the inputs' dtype and accumulates in float32.
         kernel_scale = scale if identity_to_kernel else 1.0
         qk = (qf.to(q.dtype), kf.to(q.dtype))

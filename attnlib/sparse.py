@@ -20,7 +20,7 @@ import math
 import torch
 
 from . import _validate
-from ._backend import resolve_backend
+from ._backend import choose_backend
 
 
 def n_blocks(T: int, block_size: int) -> int:
@@ -96,11 +96,10 @@ def block_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     _validate.check_power_of_two("block_size", block_size, lo=1, hi=1024)
     _check_block_mask(block_mask, H=H, Tq=Tq, Tk=Tk, block_size=block_size, device=q.device)
     scale = 1.0 / math.sqrt(D) if scale is None else _validate.check_positive("scale", scale)
-    which = resolve_backend(backend, q)
-    if which == "triton":
-        if q.dtype not in _validate.KERNEL_DTYPES:
-            raise TypeError(f"q has dtype {q.dtype}; the Triton kernel takes float16, bfloat16 or "
-                            "float32 (use backend='torch' for float64)")
+    why_not = (f"the kernel needs block_size >= 16 (tl.dot tiles); got {block_size}" if block_size < 16
+               else f"the kernel takes head dims up to 256; got D={D}, Dv={Dv}" if max(D, Dv) > 256
+               else None)
+    if choose_backend(backend, q, why_not=why_not) == "triton":
         from .kernels.block_sparse_fwd import block_sparse_attention_forward
         o, lse = block_sparse_attention_forward(q, k, v, block_mask, block_size=block_size,
                                                 scale=scale, causal=causal)

@@ -257,7 +257,7 @@ def test_bad_inputs_raise_clear_errors():
         delta_rule(q, k, v, beta, scale=-1.0)
     with pytest.raises(ValueError, match="backend must be one of"):
         delta_rule(q, k, v, beta, backend="cuda")
-    with pytest.raises(ValueError, match="backend='triton' implements mode='chunk'"):
+    with pytest.raises(ValueError, match="backend='triton' does not apply here: the kernel implements mode='chunk'"):
         delta_rule(q.float(), k.float(), v.float(), beta.float(), mode="recurrent", backend="triton")
     with pytest.raises(TypeError, match="float64"):
         delta_rule(q, k, v, beta, backend="triton")
