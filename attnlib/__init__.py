@@ -5,6 +5,7 @@ and a Triton kernel, behind one function with ``backend="auto" | "torch" | "trit
 """
 
 from . import eot, needle
+from .anna import anna_attention
 from .attention import softmax_attention, softmax_attention_reference
 from .deltanet import delta_rule, delta_rule_decode_step
 from .linear import linear_attention, linear_attention_decode_step
@@ -18,5 +19,6 @@ __all__ = [
     "needle", "block_sparse_attention",                   # chapter 2
     "linear_attention", "linear_attention_decode_step",   # chapter 3
     "delta_rule", "delta_rule_decode_step",               # chapter 4
+    "anna_attention",                                     # chapter 5
     "__version__",
 ]

@@ -1,0 +1,211 @@
+"""ANNA (chapter 5): the sort-and-segment reference against the dense definition, the identities
+the weights must satisfy, the hash families, and bad input."""
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from attnlib import anna_attention
+from attnlib.anna import (
+    anna_attention_reference,
+    anna_collision_counts,
+    anna_weights_from_counts,
+    lsh_codes,
+    lsh_projections,
+    max_n_bits,
+    simhash_collision_probability,
+    table_collision_probability,
+)
+
+F64 = dict(dtype=torch.float64)
+
+
+def _qkv(B, H, Tq, Tk, D, Dv, seed, noise=0.5):
+    g = torch.Generator().manual_seed(seed)
+    k = torch.randn(B, H, Tk, D, generator=g, **F64)
+    # queries near some keys, so that buckets are shared and rows are rarely all empty
+    base = k[:, :, torch.randint(0, max(Tk, 1), (Tq,), generator=g)] if Tk else torch.zeros(B, H, Tq, D, **F64)
+    q = base + noise * torch.randn(B, H, Tq, D, generator=g, **F64)
+    v = torch.randn(B, H, Tk, Dv, generator=g, **F64)
+    return q, k, v
+
+
+def _dense(q, k, v, *, n_tables, n_bits, family, seed, causal):
+    """The definition: m_ij = #tables where q_i and k_j collide; w = m / row sum; o = w v."""
+    proj = lsh_projections(family, n_tables, n_bits, q.shape[-1], seed)
+    w = anna_weights_from_counts(anna_collision_counts(lsh_codes(q, proj, family), lsh_codes(k, proj, family),
+                                                       causal=causal))
+    return w @ v.double(), w
+
+
+@settings(max_examples=30, deadline=None)
+@given(Tq=st.integers(1, 30), Tk=st.integers(1, 30), D=st.integers(1, 9), Dv=st.integers(1, 6),
+       n_tables=st.integers(1, 5), n_bits=st.integers(1, 4), family=st.sampled_from(["simhash", "crosspolytope"]),
+       causal=st.booleans(), seed=st.integers(0, 2**31))
+def test_reference_equals_dense_definition(Tq, Tk, D, Dv, n_tables, n_bits, family, causal, seed):
+    if causal:
+        Tk = Tq
+    n_bits = min(n_bits, max_n_bits(family, D))
+    q, k, v = _qkv(2, 1, Tq, Tk, D, Dv, seed % 1000)
+    o, w = anna_attention(q, k, v, n_tables=n_tables, n_bits=n_bits, family=family, seed=seed, causal=causal,
+                          return_weights=True, backend="torch")
+    o_def, w_def = _dense(q, k, v, n_tables=n_tables, n_bits=n_bits, family=family, seed=seed, causal=causal)
+    assert torch.allclose(o, o_def, atol=1e-12)
+    assert torch.equal(w, w_def)
+    assert torch.allclose(o, w @ v, atol=1e-12)                                  # output = weights @ v
+
+
+@settings(max_examples=25, deadline=None)
+@given(T=st.integers(1, 40), n_tables=st.integers(1, 6), n_bits=st.integers(1, 6), causal=st.booleans(),
+       seed=st.integers(0, 10_000))
+def test_weights_are_row_stochastic_or_empty_and_nonnegative(T, n_tables, n_bits, causal, seed):
+    q, k, v = _qkv(1, 2, T, T, 6, 3, seed, noise=1.0)
+    _, w = anna_attention(q, k, v, n_tables=n_tables, n_bits=n_bits, seed=seed, causal=causal, return_weights=True)
+    rows = w.sum(-1)
+    assert (w >= 0).all()
+    assert torch.all(((rows - 1).abs() < 1e-12) | (rows == 0))
+    if causal:
+        assert torch.equal(w, w.tril())                                         # nothing from the future
+
+
+def test_empty_rows_give_zero_output_and_full_collision_gives_the_mean():
+    q = torch.tensor([[[[1.0, 0.0], [-1.0, 0.0]]]], **F64)
+    k = torch.tensor([[[[1.0, 0.01], [0.9, -0.01]]]], **F64)
+    v = torch.tensor([[[[2.0], [4.0]]]], **F64)
+    o, w = anna_attention(q, k, v, n_tables=1, n_bits=30, seed=3, return_weights=True)
+    # with 30 bits the opposite query shares no bucket; the near one shares all or none
+    assert torch.equal(o[0, 0, 1], torch.zeros(1, **F64)) and w[0, 0, 1].sum() == 0
+    # identical inputs collide in every table: the output is the plain mean of the values
+    same = k[:, :, :1].expand(1, 1, 2, 2)
+    o_same = anna_attention(same, same, v, n_tables=3, n_bits=8)
+    assert torch.allclose(o_same, torch.full_like(o_same, 3.0))
+
+
+def test_multiplicity_counts_a_key_once_per_table_it_collides_in():
+    q, k, v = _qkv(1, 1, 12, 12, 4, 2, 1, noise=0.6)
+    proj = lsh_projections("simhash", 6, 2, 4, 5)
+    m = anna_collision_counts(lsh_codes(q, proj, "simhash"), lsh_codes(k, proj, "simhash"))
+    assert m.max() > 1, "the instance should have a key colliding in several tables"
+    _, w = anna_attention(q, k, v, n_tables=6, n_bits=2, seed=5, return_weights=True)
+    nz = m.sum(-1) > 0
+    assert torch.allclose(w[nz], (m.double() / m.sum(-1, keepdim=True))[nz])
+
+
+@settings(max_examples=15, deadline=None)
+@given(T=st.integers(2, 30), seed=st.integers(0, 10_000), family=st.sampled_from(["simhash", "crosspolytope"]))
+def test_noncausal_output_is_invariant_to_permuting_the_keys(T, seed, family):
+    q, k, v = _qkv(1, 2, T, T, 5, 3, seed)
+    perm = torch.randperm(T, generator=torch.Generator().manual_seed(seed))
+    o = anna_attention(q, k, v, n_tables=3, n_bits=2, family=family, seed=seed)
+    o_p = anna_attention(q, k[:, :, perm], v[:, :, perm], n_tables=3, n_bits=2, family=family, seed=seed)
+    assert torch.allclose(o, o_p, atol=1e-12)
+
+
+def test_causal_row_i_equals_noncausal_on_the_prefix():
+    q, k, v = _qkv(1, 1, 25, 25, 4, 3, 7)
+    o = anna_attention(q, k, v, n_tables=4, n_bits=2, seed=1, causal=True)
+    for i in (0, 5, 24):
+        o_i = anna_attention(q[:, :, i:i + 1], k[:, :, :i + 1], v[:, :, :i + 1], n_tables=4, n_bits=2, seed=1)
+        assert torch.allclose(o[:, :, i], o_i[:, :, 0], atol=1e-12)
+
+
+def test_same_seed_same_hashes_and_different_seed_different_hashes():
+    x = torch.randn(1, 1, 50, 8, generator=torch.Generator().manual_seed(0), **F64)
+    for fam in ("simhash", "crosspolytope"):
+        a = lsh_codes(x, lsh_projections(fam, 4, 3, 8, 11), fam)
+        b = lsh_codes(x.float(), lsh_projections(fam, 4, 3, 8, 11), fam)
+        c = lsh_codes(x, lsh_projections(fam, 4, 3, 8, 12), fam)
+        assert torch.equal(a, b) and not torch.equal(a, c)
+
+
+def test_codes_are_in_range():
+    x = torch.randn(2, 1, 40, 6, generator=torch.Generator().manual_seed(0), **F64)
+    assert lsh_codes(x, lsh_projections("simhash", 3, 5, 6, 0), "simhash").max() < 2**5
+    assert lsh_codes(x, lsh_projections("crosspolytope", 3, 2, 6, 0), "crosspolytope").max() < 12**2
+
+
+def test_simhash_collision_rate_matches_one_minus_theta_over_pi():
+    g = torch.Generator().manual_seed(0)
+    D, n = 16, 4000
+    x = torch.nn.functional.normalize(torch.randn(n, D, generator=g, **F64), dim=-1)
+    theta = math.pi / 3
+    u = torch.nn.functional.normalize(torch.randn(n, D, generator=g, **F64), dim=-1)
+    u = torch.nn.functional.normalize(u - (u * x).sum(-1, keepdim=True) * x, dim=-1)
+    y = math.cos(theta) * x + math.sin(theta) * u
+    proj = lsh_projections("simhash", 1, 1, D, 1)
+    same = (lsh_codes(x[None, None], proj, "simhash") == lsh_codes(y[None, None], proj, "simhash")).double().mean()
+    p = simhash_collision_probability(theta).item()
+    assert abs(same.item() - p) < 4 * math.sqrt(p * (1 - p) / n)
+    assert table_collision_probability(0.5, 2, 1).item() == 0.25
+
+
+def test_length_zero_one_and_empty_batch():
+    for (B, Tq, Tk) in [(1, 0, 0), (0, 3, 3), (1, 1, 1), (2, 3, 0), (1, 0, 4)]:
+        q, k, v = (torch.randn(B, 2, Tq, 4), torch.randn(B, 2, Tk, 4), torch.randn(B, 2, Tk, 3))
+        o = anna_attention(q, k, v, n_tables=2, n_bits=3)
+        assert o.shape == (B, 2, Tq, 3) and torch.isfinite(o).all()
+        if Tk == 0:
+            assert (o == 0).all()
+    q = torch.randn(1, 1, 1, 4)
+    o = anna_attention(q, q, torch.ones(1, 1, 1, 2), n_tables=1, n_bits=30, causal=True)
+    assert torch.equal(o, torch.ones(1, 1, 1, 2))                # a single token sees itself
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_low_precision_inputs_match_float64_on_the_same_buckets(dtype):
+    q, k, v = _qkv(1, 2, 33, 33, 8, 5, 0)
+    q, k, v = (t.to(dtype) for t in (q, k, v))
+    o = anna_attention(q, k, v, n_tables=3, n_bits=3, seed=2)
+    o64 = anna_attention(q.double(), k.double(), v.double(), n_tables=3, n_bits=3, seed=2)
+    assert o.dtype == dtype
+    assert torch.allclose(o.double(), o64, atol=2e-2 if dtype != torch.float32 else 1e-6)
+
+
+def test_reference_holds_no_T_by_T_tensor():
+    """Memory O(l T Dv): run at a length whose T x T float64 matrix would need 32 GB."""
+    T = 65536
+    q = torch.randn(1, 1, T, 4)
+    o = anna_attention_reference(q, q, torch.randn(1, 1, T, 2), lsh_projections("simhash", 2, 8, 4, 0),
+                                 family="simhash", causal=True)
+    assert o.shape == (1, 1, T, 2) and torch.isfinite(o).all()
+
+
+def test_bad_inputs_raise_clear_errors():
+    q, k, v = torch.randn(1, 2, 8, 4), torch.randn(1, 2, 8, 4), torch.randn(1, 2, 8, 3)
+    ok = dict(n_tables=2, n_bits=3)
+    with pytest.raises(ValueError, match=r"n_tables must be in \[1, 4096\]; got 0"):
+        anna_attention(q, k, v, n_tables=0, n_bits=3)
+    with pytest.raises(TypeError, match="n_tables must be an int"):
+        anna_attention(q, k, v, n_tables=2.0, n_bits=3)
+    with pytest.raises(ValueError, match=r"n_bits must be in \[1, 30\]; got 31"):
+        anna_attention(q, k, v, n_tables=2, n_bits=31)
+    with pytest.raises(ValueError, match="n_bits must be in .*cross-polytope"):
+        anna_attention(q, k, v, n_tables=2, n_bits=25, family="crosspolytope")
+    with pytest.raises(ValueError, match="family must be one of"):
+        anna_attention(q, k, v, family="minhash", **ok)
+    with pytest.raises(TypeError, match="seed must be an int"):
+        anna_attention(q, k, v, seed=1.5, **ok)
+    with pytest.raises(ValueError, match="seed must be >= 0"):
+        anna_attention(q, k, v, seed=-1, **ok)
+    with pytest.raises(ValueError, match="as many queries as keys"):
+        anna_attention(q, k[:, :, :5], v[:, :, :5], causal=True, **ok)
+    with pytest.raises(ValueError, match="k has shape"):
+        anna_attention(q, k[..., :3], v, **ok)
+    with pytest.raises(ValueError, match="v has shape"):
+        anna_attention(q, k, v[:, :, :5], **ok)
+    with pytest.raises(TypeError, match="dtype"):
+        anna_attention(q, k.double(), v, **ok)
+    with pytest.raises(ValueError, match="return_weights=True builds the Tq x Tk"):
+        big = torch.randn(1, 1, 5000, 2)
+        anna_attention(big, big, big, return_weights=True, **ok)
+    with pytest.raises(RuntimeError, match="not differentiable.*softmax"):
+        anna_attention(q.requires_grad_(), k, v, **ok)
+    with torch.no_grad():                                  # evaluation of a trained surrogate is fine
+        anna_attention(q, k, v, **ok)
+    with pytest.raises(ValueError, match="backend must be one of"):
+        anna_attention(q.detach(), k, v, backend="cuda", **ok)
+    with pytest.raises(ValueError, match="family='simhash' only"):
+        anna_attention(q.detach(), k, v, family="crosspolytope", backend="triton", **ok)
