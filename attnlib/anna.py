@@ -149,6 +149,27 @@ def _segments(q_codes: torch.Tensor, k_codes: torch.Tensor, causal: bool):
     return perm, lo, hi
 
 
+def _prefix_sums(v: torch.Tensor, perm: torch.Tensor) -> torch.Tensor:
+    """``P [B, H, l, Tk + 1, Dv]``: per table, the running sums of the values in bucket-sorted order
+    (``P[0] = 0``), in float32 (float64 for float64 values)."""
+    acc = torch.float64 if v.dtype == torch.float64 else torch.float32
+    B, H, l, Tk = perm.shape
+    Dv = v.shape[-1]
+    v_sorted = torch.gather(v.to(acc).unsqueeze(2).expand(B, H, l, Tk, Dv), 3,
+                            perm.unsqueeze(-1).expand(B, H, l, Tk, Dv))
+    return torch.nn.functional.pad(v_sorted.cumsum(3), (0, 0, 1, 0))
+
+
+def _gather_reference(prefix: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, out_dtype) -> torch.Tensor:
+    """``o_i = sum_t (P_t[hi] - P_t[lo]) / max(1, sum_t (hi - lo))`` -- the kernel ``anna_gather`` in torch."""
+    B, H, l, _, Dv = prefix.shape
+    Tq = lo.shape[-1]
+    take = lambda idx: torch.gather(prefix, 3, idx.unsqueeze(-1).expand(B, H, l, Tq, Dv))  # noqa: E731
+    num = (take(hi) - take(lo)).sum(2)                                        # [B, H, Tq, Dv]
+    cnt = (hi - lo).sum(2).to(prefix.dtype)                                   # [B, H, Tq]
+    return (num / cnt.clamp_min(1).unsqueeze(-1)).to(out_dtype)
+
+
 def anna_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, proj: torch.Tensor, *,
                              family: str, causal: bool = False) -> torch.Tensor:
     """ANNA by sort and segment, in plain PyTorch: memory ``O(l T Dv)``, never ``T x T``.
@@ -158,21 +179,22 @@ def anna_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     ``eps * |P|``, with ``P`` the running sum of the values in sorted order (float32: fine for values
     of mixed sign; for long sequences of same-sign values, pass float64).
     """
-    acc = torch.float64 if v.dtype == torch.float64 else torch.float32
     B, H, Tq, _ = q.shape
     Tk, Dv = k.shape[2], v.shape[3]
     if Tq == 0 or Tk == 0 or B * H == 0:
         return v.new_zeros(B, H, Tq, Dv)
     qc, kc = lsh_codes(q, proj, family), lsh_codes(k, proj, family)        # [B, H, l, T]
     perm, lo, hi = _segments(qc, kc, causal)
-    l = qc.shape[2]
-    v_sorted = torch.gather(v.to(acc).unsqueeze(2).expand(B, H, l, Tk, Dv), 3,
-                            perm.unsqueeze(-1).expand(B, H, l, Tk, Dv))
-    prefix = torch.nn.functional.pad(v_sorted.cumsum(3), (0, 0, 1, 0))       # [B, H, l, Tk + 1, Dv]
-    take = lambda idx: torch.gather(prefix, 3, idx.unsqueeze(-1).expand(B, H, l, Tq, Dv))  # noqa: E731
-    num = (take(hi) - take(lo)).sum(2)                                        # [B, H, Tq, Dv]
-    cnt = (hi - lo).sum(2).to(acc)                                            # [B, H, Tq]
-    return (num / cnt.clamp_min(1).unsqueeze(-1)).to(v.dtype)
+    return _gather_reference(_prefix_sums(v, perm), lo, hi, v.dtype)
+
+
+def _anna_attention_triton(q, k, v, planes, *, causal: bool) -> torch.Tensor:
+    """The kernel path: hash (Triton) -> sort and segment (torch) -> gather (Triton)."""
+    from .kernels.anna import anna_gather, simhash_codes
+
+    qc, kc = simhash_codes(q, planes), simhash_codes(k, planes)
+    perm, lo, hi = _segments(qc, kc, causal)
+    return anna_gather(_prefix_sums(v, perm), lo.contiguous(), hi.contiguous(), v.dtype)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -253,8 +275,7 @@ def anna_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, n_table
         why_not = f"the kernel takes head dims up to 256; got D={D}, Dv={Dv}"
     which = choose_backend(backend, q, why_not=why_not)
     if which == "triton" and B * H * Tq * Tk > 0:
-        from .kernels.anna import anna_forward
-        o = anna_forward(q, k, v, proj, causal=causal)
+        o = _anna_attention_triton(q, k, v, proj, causal=causal)
     else:
         o = anna_attention_reference(q, k, v, proj, family=family, causal=causal)
     if not return_weights:

@@ -226,3 +226,23 @@ def test_auto_backend_picks_the_kernel_on_cuda():
     from attnlib._backend import choose_backend
     assert choose_backend("auto", torch.zeros(1, device="cuda")) == "triton"
     assert math.isfinite(float(attnlib.softmax_attention(*(torch.randn(1, 1, 3, 8, device="cuda"),) * 3).sum()))
+
+
+# ---------------------------------------------------------------------------- chapter 5: ANNA
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("T,D,Dv", [(1000, 64, 64), (4099, 128, 96)])
+def test_anna_kernel_matches_reference(dtype, causal, T, D, Dv):
+    from attnlib.anna import lsh_codes, lsh_projections
+    from attnlib.kernels.anna import simhash_codes
+    q, k, v = (_randn(2, 3, T, d, dtype=dtype, seed=50 + i) for i, d in enumerate((D, D, Dv)))
+    planes = lsh_projections("simhash", 8, 6, D, 1)
+    # Bucket keys: the kernel's fp32 projections and torch's may round a near-zero projection to
+    # opposite signs; they must agree almost everywhere.
+    same = (simhash_codes(k, planes) == lsh_codes(k, planes, "simhash")).double().mean().item()
+    assert same > 0.999, f"anna codes agree on {same:.4%}"
+    kw = dict(n_tables=8, n_bits=6, seed=1, causal=causal)
+    o = attnlib.anna_attention(q, k, v, backend="triton", **kw)
+    o_ref = attnlib.anna_attention(q, k, v, backend="torch", **kw)
+    _check("anna_attention", dtype, o, o_ref, tol=max(TOL[dtype], 2e-2), T=T, D=D, Dv=Dv, causal=causal)
