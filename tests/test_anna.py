@@ -209,3 +209,57 @@ def test_bad_inputs_raise_clear_errors():
         anna_attention(q.detach(), k, v, backend="cuda", **ok)
     with pytest.raises(ValueError, match="family='simhash' only"):
         anna_attention(q.detach(), k, v, family="crosspolytope", backend="triton", **ok)
+
+
+# ---------------------------------------------------------------------------- chapter 5's tasks
+
+def test_match2_labels_follow_the_definition():
+    from attnlib.experiments.anna import match2
+    x, y = match2(50, N=32, M=37, seed=3)
+    assert x.shape == y.shape == (50, 32) and x.min() >= 0 and x.max() < 37
+    for s in range(50):
+        xs = x[s].tolist()
+        want = [int(any((a + b) % 37 == 0 for b in xs)) for a in xs]
+        assert y[s].tolist() == want
+
+
+def _khop_by_the_generators_loop(xs, k, blank):
+    """The public generator's loop: from index i, find the last earlier occurrence of the current
+    character, answer the character after it, continue from there."""
+    out = []
+    for i in range(len(xs)):
+        idx = i
+        for _ in range(k):
+            prev = [j for j in range(idx) if xs[j] == xs[idx]]
+            if not prev:
+                idx = -1
+                break
+            idx = prev[-1] + 1
+        out.append(blank if idx < 0 else xs[idx])
+    return out
+
+
+@pytest.mark.parametrize("k", [1, 2, 3])
+def test_khop_induction_labels_follow_the_definition_and_adjacent_tokens_differ(k):
+    from attnlib.experiments.anna import khop_induction
+    x, y = khop_induction(20, N=40, k=k, alphabet=4, seed=k)
+    assert (x[:, 1:] != x[:, :-1]).all()
+    for s in range(20):
+        assert y[s].tolist() == _khop_by_the_generators_loop(x[s].tolist(), k, blank=4)
+    assert (y[:, 0] == 4).all()                         # the first token has no earlier match
+
+
+def test_tasks_reject_bad_sizes():
+    from attnlib.experiments.anna import khop_induction, match2
+    with pytest.raises(ValueError, match="match2 needs"):
+        match2(4, N=0)
+    with pytest.raises(ValueError, match="khop_induction needs"):
+        khop_induction(4, alphabet=1)
+
+
+def test_anna_conditions_read_off_the_weights_equal_the_collision_criterion():
+    from attnlib.experiments.anna import anna_conditions, planted_instance
+    inst = planted_instance(16, 64, 16, theta_near=math.pi / 10, n_near=2, c=2.0, seed=0)
+    for n_tables, n_bits in [(1, 4), (8, 10), (32, 16)]:
+        res = anna_conditions(inst, n_tables, n_bits, seed=1)
+        assert res["agree"] and res["both"] == res["both_by_counts"]
