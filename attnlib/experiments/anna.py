@@ -125,15 +125,22 @@ def planted_instance(n_queries: int, n_keys: int, D: int, *, theta_near: float, 
     """Random unit keys; each query has ``n_near`` keys planted at angle ``theta_near`` (distance
     ``r = 2 sin(theta_near / 2)``), the other keys are random (in high ``D`` almost orthogonal)."""
     g = _gen(seed)
+    if n_queries * n_near > n_keys:
+        raise ValueError(f"planted_instance needs n_queries * n_near <= n_keys (disjoint planted keys); "
+                         f"got {n_queries} * {n_near} > {n_keys}")
     k = F.normalize(torch.randn(n_keys, D, generator=g, dtype=torch.float64), dim=-1)
     q = F.normalize(torch.randn(n_queries, D, generator=g, dtype=torch.float64), dim=-1)
+    perm = torch.randperm(n_keys, generator=g)
     for i in range(n_queries):
-        slots = torch.randperm(n_keys, generator=g)[:n_near]
+        slots = perm[i * n_near:(i + 1) * n_near]
         u = torch.randn(n_near, D, generator=g, dtype=torch.float64)
         u = F.normalize(u - (u @ q[i])[:, None] * q[i], dim=-1)
         k[slots] = math.cos(theta_near) * q[i] + math.sin(theta_near) * u
-    r = 2 * math.sin(theta_near / 2) + 1e-12
-    return PlantedInstance(q[None, None], k[None, None], torch.cdist(q, k), r, c)
+    # distances of unit vectors from their inner products (torch.cdist may round by ~1e-8), and r
+    # with a relative margin so that the planted keys are inside N(q, r) despite rounding
+    dist = (2 - 2 * q @ k.T).clamp_min(0).sqrt()
+    r = 2 * math.sin(theta_near / 2) * (1 + 1e-9)
+    return PlantedInstance(q[None, None], k[None, None], dist, r, c)
 
 
 def anna_conditions(inst: PlantedInstance, n_tables: int, n_bits: int, seed: int,
@@ -151,7 +158,7 @@ def anna_conditions(inst: PlantedInstance, n_tables: int, n_bits: int, seed: int
     w = w[0, 0]
     near, within = inst.dist <= inst.r, inst.dist <= inst.c * inst.r
     cond1 = ((w > 0) & ~within).sum(-1) == 0
-    bound = 1.0 / ((within.sum(-1, keepdim=True) - 1).clamp_min(0) * n_tables + 1)
+    bound = 1.0 / ((within.sum(-1, keepdim=True) - 1).clamp_min(0) * n_tables + 1).double()
     cond2 = ((w < bound - 1e-12) & near).sum(-1) == 0
     proj = lsh_projections(family, n_tables, n_bits, inst.q.shape[-1], seed)
     m = anna_collision_counts(lsh_codes(inst.q, proj, family), lsh_codes(inst.k, proj, family))[0, 0]

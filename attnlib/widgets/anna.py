@@ -1,0 +1,96 @@
+"""Chapter 5's figures: ANNA's weights as a transport plan beside softmax's, collision curves, and
+the ANNA conditions over (l, z).
+
+``anna_plan_figure`` reuses chapter 1's plan panels (heatmap, row sums, column sums); its slider
+steps are precomputed frames, one per (l, z), so it works in the static book.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import plotly.graph_objects as go
+import torch
+from plotly.subplots import make_subplots
+
+from .. import eot
+from ..anna import anna_attention
+from ._slider import add_frame_slider
+from .eot import _as_single_head, _frame_traces, _plan_traces
+
+
+def anna_plan(q: torch.Tensor, k: torch.Tensor, n_tables: int, n_bits: int, *, seed: int = 0,
+              family: str = "simhash") -> torch.Tensor:
+    """ANNA's weights for one head (``q [Tq, D]``, ``k [Tk, D]``): ``[Tq, Tk]`` float64."""
+    v = torch.zeros(k.shape[0], 1, dtype=q.dtype)
+    _, w = anna_attention(q[None, None], k[None, None], v[None, None], n_tables=n_tables, n_bits=n_bits,
+                          seed=seed, family=family, return_weights=True, backend="torch")
+    return w[0, 0]
+
+
+def plan_stats(P: torch.Tensor) -> str:
+    rows = P.sum(-1)
+    return (f"H={eot.entropy(P).item():.2f}, support={int((P > 0).sum())}/{P.numel()}, "
+            f"empty rows={int((rows == 0).sum())}, max column sum={P.sum(0).max().item():.2f}")
+
+
+def anna_plan_figure(q, k, settings: Sequence[tuple[int, int]], *, tau: float = 0.1, seed: int = 0,
+                     active: int = 0) -> go.Figure:
+    """Softmax's plan ``softmax(q k^T / tau)`` (left, fixed) beside ANNA's plan (right) for each
+    ``(l, z)`` in ``settings`` (slider). Bars: row sums (right of each map) and column sums (below).
+    Rows of ANNA's plan sum to 1 or to 0 (a query that collided with nothing ships no mass)."""
+    q, k = _as_single_head("q", q), _as_single_head("k", k)
+    if not settings:
+        raise ValueError("settings must hold at least one (n_tables, n_bits) pair")
+    soft = torch.softmax(q @ k.T / tau, dim=-1)
+    plans = [anna_plan(q, k, n_tables, n_bits, seed=seed) for n_tables, n_bits in settings]
+
+    def title(i):
+        l, z = settings[i]
+        return (f"l = {l}, z = {z}<br><sup>softmax (τ={tau:g}): {plan_stats(soft)}<br>"
+                f"ANNA: {plan_stats(plans[i])}</sup>")
+
+    fig = make_subplots(rows=2, cols=4, column_widths=[0.36, 0.1, 0.36, 0.1], row_heights=[0.72, 0.28],
+                        horizontal_spacing=0.03, vertical_spacing=0.06,
+                        subplot_titles=("softmax plan", "row sums", "ANNA plan", "row sums", "", "", "", ""))
+    positions = [(1, 1), (1, 2), (2, 1), (1, 3), (1, 4), (2, 3)]
+    for tr, (r, c) in zip(_plan_traces(soft, True) + _plan_traces(plans[active], False), positions):
+        fig.add_trace(tr, row=r, col=c)
+    frames = [go.Frame(data=_frame_traces(soft) + _frame_traces(P), name=f"lz{i}", traces=list(range(6)),
+                       layout=go.Layout(title_text=title(i))) for i, P in enumerate(plans)]
+    fig.update_layout(title=dict(text=title(active), font=dict(size=12)), height=600, bargap=0.15,
+                      margin=dict(t=110, l=40, r=20, b=20))
+    for c in (1, 3):
+        fig.update_yaxes(autorange="reversed", row=1, col=c)
+        fig.update_yaxes(range=[0, float(q.shape[0])], title_text="column sums", row=2, col=c)
+    for c in (2, 4):
+        fig.update_yaxes(autorange="reversed", showticklabels=False, row=1, col=c)
+        fig.update_xaxes(range=[0, 1.2], row=1, col=c)
+    return add_frame_slider(fig, frames, [f"l={l}, z={z}" for l, z in settings], prefix="", active=active)
+
+
+def collision_figure(thetas, measured: dict, theory: dict | None = None, *, title: str = "") -> go.Figure:
+    """Collision probability against the angle: ``measured`` (markers) and ``theory`` (lines), each a
+    dict ``label -> values at thetas``."""
+    x = [float(t) for t in thetas]
+    fig = go.Figure()
+    for name, ys in measured.items():
+        fig.add_scatter(x=x, y=[float(y) for y in ys], mode="markers", name=f"{name} (measured)")
+    for name, ys in (theory or {}).items():
+        fig.add_scatter(x=x, y=[float(y) for y in ys], mode="lines", name=f"{name} (theory)")
+    fig.update_xaxes(title_text="angle θ between x and y (radians)")
+    fig.update_yaxes(title_text="Pr[same bucket]", range=[-0.02, 1.02])
+    fig.update_layout(title=title, height=420)
+    return fig
+
+
+def conditions_heatmap(l_values, z_values, fraction, *, title: str = "") -> go.Figure:
+    """Fraction of queries meeting both ANNA conditions, ``fraction [len(l_values), len(z_values)]``."""
+    fig = go.Figure(go.Heatmap(z=[[float(f) for f in row] for row in fraction], x=[str(z) for z in z_values],
+                               y=[str(l) for l in l_values], zmin=0, zmax=1, colorscale="Viridis",
+                               text=[[f"{float(f):.2f}" for f in row] for row in fraction], texttemplate="%{text}",
+                               hovertemplate="l=%{y}, z=%{x}: %{z:.2f}<extra></extra>"))
+    fig.update_xaxes(title_text="z (hashes per table)")
+    fig.update_yaxes(title_text="l (tables)")
+    fig.update_layout(title=title, height=420)
+    return fig
