@@ -263,3 +263,17 @@ def test_anna_conditions_read_off_the_weights_equal_the_collision_criterion():
     for n_tables, n_bits in [(1, 4), (8, 10), (32, 16)]:
         res = anna_conditions(inst, n_tables, n_bits, seed=1)
         assert res["agree"] and res["both"] == res["both_by_counts"]
+
+
+def test_surrogate_trains_and_is_evaluated_with_softmax_or_anna():
+    from attnlib.experiments.anna import error_rate, train_surrogate
+    for task in ("match2", "induction"):
+        model = train_surrogate(task, steps=3, seed=0, d=16, batch=4, N=12 if task == "induction" else None)
+        kw = dict(n=8, seed=1, N=12 if task == "induction" else None)
+        n_layers = len(model.attn)
+        e_soft = error_rate(model, task, **kw)
+        e_anna = error_rate(model, task, anna=[(2, 3, 5)] * n_layers, **kw)
+        assert 0 <= e_soft <= 1 and 0 <= e_anna <= 1
+    with pytest.raises(RuntimeError, match="not differentiable"):      # the layer refuses to train through ANNA
+        layer = model.attn[0]
+        layer(torch.randn(2, 12, 16), anna=(2, 3, 5))
