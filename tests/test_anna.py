@@ -277,3 +277,20 @@ def test_surrogate_trains_and_is_evaluated_with_softmax_or_anna():
     with pytest.raises(RuntimeError, match="not differentiable"):      # the layer refuses to train through ANNA
         layer = model.attn[0]
         layer(torch.randn(2, 12, 16), anna=(2, 3, 5))
+
+
+def test_plan_figure_has_one_frame_per_setting_and_anna_rows_sum_to_one_or_zero():
+    from attnlib.widgets.anna import anna_plan_figure, conditions_heatmap
+    g = torch.Generator().manual_seed(0)
+    k = torch.nn.functional.normalize(torch.randn(9, 5, generator=g, **F64), dim=-1)
+    q = torch.nn.functional.normalize(k[:7] + 0.3 * torch.randn(7, 5, generator=g, **F64), dim=-1)
+    settings = [(1, 2), (4, 4), (16, 8)]
+    fig = anna_plan_figure(q, k, settings, seed=3, active=1)
+    assert len(fig.frames) == 3 and len(fig.layout.sliders[0].steps) == 3
+    for fr in fig.frames:
+        softmax_rows, anna_rows = fr.data[1].x, fr.data[4].x                 # the row-sum bars
+        assert all(abs(r - 1) < 1e-9 for r in softmax_rows)
+        assert all(abs(r - 1) < 1e-9 or r == 0 for r in anna_rows)
+    with pytest.raises(ValueError, match="settings must hold"):
+        anna_plan_figure(q, k, [])
+    assert [list(r) for r in conditions_heatmap([1, 2], [3], [[0.5], [1.0]]).data[0].z] == [[0.5], [1.0]]
