@@ -188,11 +188,12 @@ def anna_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     return _gather_reference(_prefix_sums(v, perm), lo, hi, v.dtype)
 
 
-def _anna_attention_triton(q, k, v, planes, *, causal: bool) -> torch.Tensor:
+def _anna_attention_triton(q, k, v, proj, *, family: str, causal: bool) -> torch.Tensor:
     """The kernel path: hash (Triton) -> sort and segment (torch) -> gather (Triton)."""
-    from .kernels.anna import anna_gather, simhash_codes
+    from .kernels.anna import anna_gather, crosspolytope_codes, simhash_codes
 
-    qc, kc = simhash_codes(q, planes), simhash_codes(k, planes)
+    hash_codes = simhash_codes if family == "simhash" else crosspolytope_codes
+    qc, kc = hash_codes(q, proj), hash_codes(k, proj)
     perm, lo, hi = _segments(qc, kc, causal)
     return anna_gather(_prefix_sums(v, perm), lo.contiguous(), hi.contiguous(), v.dtype)
 
@@ -241,8 +242,8 @@ def anna_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, n_table
         causal: query ``i`` sees only keys ``j <= i`` (needs ``Tq == Tk``).
         return_weights: also return the implied weights ``w [B, H, Tq, Tk]`` (float64 on q's device;
             rows sum to 1 or are all zero) -- built densely, so only for ``Tq * Tk <= 2^24``.
-        backend: ``"auto"`` (the Triton kernel on CUDA for SimHash, the reference otherwise),
-            ``"torch"`` or ``"triton"``.
+        backend: ``"auto"`` (the Triton kernels on CUDA -- cross-polytope for ``D <= 128`` -- the
+            reference otherwise), ``"torch"`` or ``"triton"``.
 
     Returns ``o [B, H, Tq, Dv]`` in v's dtype, or ``(o, w)``. Not differentiable: inputs that
     require grad (with grad mode on) raise, naming the surrogate to train instead.
@@ -269,13 +270,13 @@ def anna_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, n_table
 
     proj = lsh_projections(family, n_tables, n_bits, D, seed)
     why_not = None
-    if family != "simhash":
-        why_not = "the kernel hashes with family='simhash' only"
+    if family == "crosspolytope" and D > 128:
+        why_not = f"the cross-polytope hashing kernel holds a [D, D] tile on chip and takes D up to 128; got D={D}"
     elif max(D, Dv) > 256:
         why_not = f"the kernel takes head dims up to 256; got D={D}, Dv={Dv}"
     which = choose_backend(backend, q, why_not=why_not)
     if which == "triton" and B * H * Tq * Tk > 0:
-        o = _anna_attention_triton(q, k, v, proj, causal=causal)
+        o = _anna_attention_triton(q, k, v, proj, family=family, causal=causal)
     else:
         o = anna_attention_reference(q, k, v, proj, family=family, causal=causal)
     if not return_weights:

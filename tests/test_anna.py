@@ -207,8 +207,9 @@ def test_bad_inputs_raise_clear_errors():
         anna_attention(q, k, v, **ok)
     with pytest.raises(ValueError, match="backend must be one of"):
         anna_attention(q.detach(), k, v, backend="cuda", **ok)
-    with pytest.raises(ValueError, match="family='simhash' only"):
-        anna_attention(q.detach(), k, v, family="crosspolytope", backend="triton", **ok)
+    wide = torch.randn(1, 1, 4, 130)
+    with pytest.raises(ValueError, match="takes D up to 128; got D=130"):
+        anna_attention(wide, wide, wide, family="crosspolytope", backend="triton", n_tables=1, n_bits=2)
 
 
 # ---------------------------------------------------------------------------- chapter 5's tasks

@@ -6,7 +6,7 @@ import torch
 
 from attnlib import anna_attention
 from attnlib.anna import lsh_codes, lsh_projections
-from attnlib.kernels.anna import simhash_codes
+from attnlib.kernels.anna import crosspolytope_codes, simhash_codes
 
 
 def _qkv(B, H, Tq, Tk, D, Dv, seed):
@@ -21,6 +21,21 @@ def test_simhash_kernel_codes_equal_reference_codes(D, n_bits):
     x = torch.randn(2, 3, 37, D, generator=torch.Generator().manual_seed(D))
     planes = lsh_projections("simhash", 3, n_bits, D, 4)
     assert torch.equal(simhash_codes(x, planes), lsh_codes(x, planes, "simhash"))
+
+
+@pytest.mark.parametrize("D,n_bits", [(3, 1), (12, 4), (20, 2)])
+def test_crosspolytope_kernel_codes_equal_reference_codes(D, n_bits):
+    x = torch.randn(2, 1, 37, D, generator=torch.Generator().manual_seed(D))
+    rot = lsh_projections("crosspolytope", 3, n_bits, D, 4)
+    assert torch.equal(crosspolytope_codes(x, rot), lsh_codes(x, rot, "crosspolytope"))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_crosspolytope_kernel_path_matches_reference(causal, rel_err):
+    q, k, v = _qkv(1, 2, 41, 41, 10, 6, 5)
+    kw = dict(n_tables=3, n_bits=2, seed=9, causal=causal, family="crosspolytope")
+    o_ref = anna_attention(q, k, v, backend="torch", **kw)
+    assert rel_err(anna_attention(q, k, v, backend="triton", **kw), o_ref) < 1e-6
 
 
 @pytest.mark.parametrize("causal,Tq,Tk,D,Dv,n_tables,n_bits", [

@@ -246,3 +246,13 @@ def test_anna_kernel_matches_reference(dtype, causal, T, D, Dv):
     o = attnlib.anna_attention(q, k, v, backend="triton", **kw)
     o_ref = attnlib.anna_attention(q, k, v, backend="torch", **kw)
     _check("anna_attention", dtype, o, o_ref, tol=max(TOL[dtype], 2e-2), T=T, D=D, Dv=Dv, causal=causal)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("causal", [False, True])
+def test_anna_crosspolytope_kernel_matches_reference(dtype, causal):
+    q, k, v = (_randn(2, 3, 1000, 64, dtype=dtype, seed=60 + i) for i in range(3))
+    kw = dict(n_tables=4, n_bits=2, seed=2, causal=causal, family="crosspolytope")
+    o = attnlib.anna_attention(q, k, v, backend="triton", **kw)
+    o_ref = attnlib.anna_attention(q, k, v, backend="torch", **kw)
+    _check("anna_attention.crosspolytope", dtype, o, o_ref, tol=max(TOL[dtype], 2e-2), T=1000, D=64, causal=causal)

@@ -1,0 +1,73 @@
+"""Cross-polytope bucket keys in Triton: per hash, one matrix product and an arg-max over ±coordinates.
+
+What it computes: for rows ``x [B, H, T, D]`` and the Gaussian matrices ``G_{t,c} [D, D]`` of table ``t``,
+
+    h_c(x) = argmax over the 2D signed coordinates of [x G_{t,c}, -x G_{t,c}]      (in [0, 2D))
+    code[b, h, t, i] = sum_{c < z} h_c(x_i) * (2D)^c                                (int64)
+
+Tiling. The grid is ``(cdiv(T, BLOCK_T), n_tables, B * H)``: one program owns ``BLOCK_T`` rows of one
+(batch, head) and one table. The row tile ``[BLOCK_T, BLOCK_D]`` is loaded once (``BLOCK_D`` covers all
+of ``D``, padded to a power of two >= 16 with masked zero loads); the program then walks the table's
+``z`` hashes, loading one ``[BLOCK_D, BLOCK_D]`` matrix per hash, doing one ``tl.dot`` in exact float32
+(``input_precision="ieee"``, so the arg-max sees the same projections as the reference), masking the
+padded columns to ``-inf`` and taking the arg-max of the positive and of the negated projections. The
+digit ``h_c`` is added to the key in registers; one int64 store per row at the end. A ``[D, D]`` float32
+tile must fit on chip: the op sends ``D > 128`` to the reference.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _crosspolytope_codes_kernel(X, G, CODE,
+                                stride_xb, stride_xh, stride_xt, stride_xd,
+                                stride_gl, stride_gz, stride_gd, stride_ge,
+                                stride_cb, stride_ch, stride_cl, stride_ct,
+                                H, T, D,
+                                Z: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr):
+    pid_t = tl.program_id(0)
+    table = tl.program_id(1)
+    pid_bh = tl.program_id(2)
+    b = pid_bh // H
+    h = pid_bh % H
+    offs_t = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
+    offs_d = tl.arange(0, BLOCK_D)
+    tmask, dmask = offs_t < T, offs_d < D
+
+    x = tl.load(X + b * stride_xb + h * stride_xh + offs_t[:, None] * stride_xt + offs_d[None, :] * stride_xd,
+                mask=tmask[:, None] & dmask[None, :], other=0.0).to(tl.float32)         # [BLOCK_T, BLOCK_D]
+    code = tl.zeros([BLOCK_T], dtype=tl.int64)
+    place = 1
+    for c in tl.static_range(Z):
+        g = tl.load(G + table * stride_gl + c * stride_gz + offs_d[:, None] * stride_gd + offs_d[None, :] * stride_ge,
+                    mask=dmask[:, None] & dmask[None, :], other=0.0)                   # [BLOCK_D, BLOCK_D]
+        p = tl.dot(x, g, input_precision="ieee")                                        # [BLOCK_T, BLOCK_D]
+        pos = tl.where(dmask[None, :], p, float("-inf"))
+        neg = tl.where(dmask[None, :], -p, float("-inf"))
+        i_pos = tl.argmax(pos, axis=1)
+        i_neg = tl.argmax(neg, axis=1)
+        # ties between +p_a and -p_b go to the positive half, as torch's first-index argmax over [p, -p]
+        digit = tl.where(tl.max(pos, axis=1) >= tl.max(neg, axis=1), i_pos, D + i_neg).to(tl.int64)
+        code += digit * place
+        place = place * 2 * D
+    tl.store(CODE + b * stride_cb + h * stride_ch + table * stride_cl + offs_t * stride_ct, code, mask=tmask)
+
+
+def crosspolytope_codes(x: torch.Tensor, rotations: torch.Tensor) -> torch.Tensor:
+    """Bucket keys of ``x [B, H, T, D]`` under ``rotations [l, z, D, D]``: int64 ``[B, H, l, T]``."""
+    B, H, T, D = x.shape
+    n_tables, Z = rotations.shape[:2]
+    g = rotations.to(device=x.device, dtype=torch.float32).contiguous()
+    code = torch.empty(B, H, n_tables, T, dtype=torch.int64, device=x.device)
+    if code.numel() == 0:
+        return code
+    BLOCK_T = 16 if x.device.type != "cuda" else 32
+    BLOCK_D = max(16, triton.next_power_of_2(D))
+    grid = (triton.cdiv(T, BLOCK_T), n_tables, B * H)
+    _crosspolytope_codes_kernel[grid](x, g, code, *x.stride(), *g.stride(), *code.stride(), H, T, D,
+                                      Z=Z, BLOCK_T=BLOCK_T, BLOCK_D=BLOCK_D)
+    return code
