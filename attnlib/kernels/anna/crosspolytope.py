@@ -41,7 +41,7 @@ def _crosspolytope_codes_kernel(X, G, CODE,
     x = tl.load(X + b * stride_xb + h * stride_xh + offs_t[:, None] * stride_xt + offs_d[None, :] * stride_xd,
                 mask=tmask[:, None] & dmask[None, :], other=0.0).to(tl.float32)         # [BLOCK_T, BLOCK_D]
     code = tl.zeros([BLOCK_T], dtype=tl.int64)
-    place = 1
+    place = tl.zeros([BLOCK_T], dtype=tl.int64) + 1          # (2D)^c in int64: it passes 2^31 for large z
     for c in tl.static_range(Z):
         g = tl.load(G + table * stride_gl + c * stride_gz + offs_d[:, None] * stride_gd + offs_d[None, :] * stride_ge,
                     mask=dmask[:, None] & dmask[None, :], other=0.0)                   # [BLOCK_D, BLOCK_D]
