@@ -94,3 +94,31 @@ def conditions_heatmap(l_values, z_values, fraction, *, title: str = "") -> go.F
     fig.update_yaxes(title_text="l (tables)")
     fig.update_layout(title=title, height=420)
     return fig
+
+
+def anna_plan_explorer(q, k, *, tau: float = 0.1, seed: int = 0, max_tables: int = 64, max_bits: int = 16):
+    """Live version of :func:`anna_plan_figure` (needs a running kernel): separate sliders for ``l`` and
+    ``z``, and the hash seed, so every combination can be explored."""
+    import ipywidgets as W
+
+    q, k = _as_single_head("q", q), _as_single_head("k", k)
+    static = anna_plan_figure(q, k, [(4, 4)], tau=tau, seed=seed)
+    static.frames = ()
+    static.layout.sliders = ()
+    fig = go.FigureWidget(static)
+    soft = torch.softmax(q @ k.T / tau, dim=-1)
+    l_slider = W.IntSlider(value=4, min=1, max=max_tables, description="l (tables)")
+    z_slider = W.IntSlider(value=4, min=1, max=max_bits, description="z (bits)")
+    s_slider = W.IntSlider(value=seed, min=0, max=99, description="seed")
+
+    def redraw(change=None):
+        P = anna_plan(q, k, l_slider.value, z_slider.value, seed=s_slider.value)
+        heat, rows, cols = _frame_traces(P)
+        with fig.batch_update():
+            fig.data[3].z, fig.data[4].x, fig.data[5].y = heat.z, rows.x, cols.y
+            fig.layout.title.text = (f"l = {l_slider.value}, z = {z_slider.value}<br><sup>softmax (τ={tau:g}): "
+                                     f"{plan_stats(soft)}<br>ANNA: {plan_stats(P)}</sup>")
+
+    for s in (l_slider, z_slider, s_slider):
+        s.observe(redraw, names="value")
+    return W.VBox([W.HBox([l_slider, z_slider, s_slider]), fig])
