@@ -250,5 +250,5 @@ def chunk_bwd_dqk(q, k, v, h, do, *, dh=None, dvnew=None, G=None, scale: float, 
         dw if dw is not None else dummy, dG if dG is not None else dummy,
         T, D, DV, NT, float(scale),
         CHUNK=chunk_size, BLOCK_D=BLOCK_D, BLOCK_V=BLOCK_V, DELTA=delta, GATED=G is not None,
-        NEED_DK=need_dk, P32=p32, num_warps=warps(chunk_size, BLOCK_D), num_stages=stages(q.device))
+        NEED_DK=need_dk, P32=p32, num_warps=warps(chunk_size, BLOCK_D), num_stages=1)   # see launch.kernel_chunk
     return dq, dk, dw, dG

@@ -68,6 +68,19 @@ def check_chunk(chunk_size: int) -> None:
         raise ValueError(f"chunk_size must be a power of two in [16, 128] for the kernel; got {chunk_size}")
 
 
+def kernel_chunk(chunk_size: int, D: int) -> int:
+    """The chunk the kernels actually use: ``chunk_size``, capped at 64 rows (32 when D > 128).
+
+    The answer does not depend on the chunk (every chunk size computes the same recurrence), but the
+    backward kernels hold several ``[CHUNK, BLOCK_D]`` and ``[CHUNK, CHUNK]`` float32 tiles at once:
+    compiled for sm_90, ``_bwd_dqk_kernel`` and ``_wy_bwd_kernel`` need 131-197 KB of shared memory at
+    chunk 64 and D 128 (one pipeline stage), but 262-786 KB at chunk 64 / D 256 or chunk 128, beyond
+    the H100's 227 KB. The forward and the backward must use the same chunk (the backward reads the
+    forward's per-chunk inverses), so both call this.
+    """
+    return min(chunk_size, 64, max(MIN_DOT, 64 * 128 // dim_block(D)))
+
+
 def check_dims(D: int, Dv: int) -> None:
     if D > MAX_HEAD_DIM or Dv > MAX_HEAD_DIM:
         raise ValueError(f"the Triton kernel supports D and Dv up to {MAX_HEAD_DIM}; got D={D}, Dv={Dv} "

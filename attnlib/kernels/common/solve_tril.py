@@ -29,7 +29,8 @@ import torch
 import triton
 import triton.language as tl
 
-DIAG: tl.constexpr = 16
+DIAG_SIZE = 16
+DIAG = tl.constexpr(DIAG_SIZE)                  # a constexpr global: compiled kernels accept no other
 
 
 @triton.jit
@@ -70,13 +71,13 @@ def _merge_kernel(A, Ai, T, CHUNK: tl.constexpr, S: tl.constexpr):
 def solve_tril(A: torch.Tensor, chunk_size: int) -> torch.Tensor:
     """``A: [B, H, T, CHUNK]`` strictly lower per chunk -> ``(I + A)^{-1}`` per chunk, float32, same layout."""
     B, H, T, C = A.shape
-    assert C == chunk_size and C >= DIAG and C & (C - 1) == 0, (C, chunk_size)
+    assert C == chunk_size and C >= DIAG_SIZE and C & (C - 1) == 0, (C, chunk_size)
     Ai = torch.zeros(B, H, T, C, device=A.device, dtype=torch.float32)
     if Ai.numel() == 0:
         return Ai
     A = A.contiguous()
-    _diag16_kernel[(triton.cdiv(T, DIAG), B * H)](A, Ai, T, CHUNK=C)
-    s = DIAG
+    _diag16_kernel[(triton.cdiv(T, DIAG_SIZE), B * H)](A, Ai, T, CHUNK=C)
+    s = DIAG_SIZE
     while s < C:
         _merge_kernel[(triton.cdiv(T, 2 * s), B * H)](A, Ai, T, CHUNK=C, S=s)
         s *= 2

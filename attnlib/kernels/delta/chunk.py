@@ -23,6 +23,7 @@ Saved for the backward: the inputs, ``G`` and ``Ai``. The backward recomputes ``
 11. ``chunk_cumsum(reverse)``  dg from dG
 
 When only ``q`` needs a gradient, steps 7, 8, 10, 11 are skipped (``dQ`` needs only ``h_c`` and ``v_new``).
+The chunk is ``chunk_size`` capped at 64 (32 for D > 128): see ``common/launch.kernel_chunk``.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ import torch
 from ..common.chunk_o import chunk_bwd_dqk, chunk_bwd_dv_local, chunk_fwd_o
 from ..common.chunk_state import chunk_bwd_dh, chunk_fwd_h
 from ..common.cumsum import chunk_cumsum
-from ..common.launch import check_chunk, check_dims, require_device
+from ..common.launch import check_chunk, check_dims, kernel_chunk, require_device
 from ..common.solve_tril import solve_tril
 from .wy import chunk_scaled_dot_kkt, recompute_w_u, wy_backward
 
@@ -50,6 +51,7 @@ def delta_rule_chunk_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     check_chunk(chunk_size)
     check_dims(q.shape[-1], v.shape[-1])
     q, k, v, beta = q.contiguous(), k.contiguous(), v.contiguous(), beta.contiguous()
+    chunk_size = kernel_chunk(chunk_size, q.shape[-1])
     G = chunk_cumsum(g, chunk_size) if g is not None else None
     Ai = solve_tril(chunk_scaled_dot_kkt(k, beta, G, chunk_size), chunk_size)
     w, u = recompute_w_u(k, v, beta, G, Ai, chunk_size, block_v=block_v)
@@ -65,6 +67,7 @@ def delta_rule_chunk_backward(q, k, v, beta, initial_state, saved, do, dS, *, sc
     ``dq`` None with ``only_dq``; ``dS0`` None unless ``need_state_grad``)."""
     require_device(q)
     G, Ai = saved
+    chunk_size = Ai.shape[-1]                                  # the forward's (capped) chunk
     q, k, v, beta, do = q.contiguous(), k.contiguous(), v.contiguous(), beta.contiguous(), do.contiguous()
     bv = dict(block_v=block_v)
     w, u = recompute_w_u(k, v, beta, G, Ai, chunk_size, **bv)

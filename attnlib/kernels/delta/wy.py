@@ -190,5 +190,5 @@ def wy_backward(k, v, beta, G, Ai, dw, du, dk, dG, chunk_size: int, block_v=None
     _wy_bwd_kernel[(num_chunks(T, chunk_size), B * H)](
         k, v, beta, G if G is not None else dbeta, Ai, dw, du, dk, dv, dbeta, dG if dG is not None else dbeta,
         T, D, DV, CHUNK=chunk_size, BLOCK_D=BLOCK_D, BLOCK_V=value_block(DV, D, k.device, block_v),
-        GATED=G is not None, P32=p32, num_warps=warps(chunk_size, BLOCK_D), num_stages=stages(k.device))
+        GATED=G is not None, P32=p32, num_warps=warps(chunk_size, BLOCK_D), num_stages=1)   # see launch.kernel_chunk
     return dv, dbeta

@@ -22,6 +22,8 @@ state pass ``chunk_bwd_dh`` (``dh`` per chunk, ``dS_0``, and ``dV = dv_local + K
 ``chunk_bwd_dqk`` (``dQ, dK`` per chunk). Non-causal: ``dh_T = dS_T^T + scale Q^T dO`` by the forward
 state pass run on ``(Q, dO)``, then ``dQ = scale dO S_T``, ``dK = V dh_T^T``, ``dV = K dh_T`` by the
 output kernel in its one-state mode.
+
+The chunk is ``chunk_size`` capped at 64 (32 for D > 128): see ``common/launch.kernel_chunk``.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import torch
 
 from ..common.chunk_o import chunk_bwd_dqk, chunk_bwd_dv_local, chunk_fwd_o
 from ..common.chunk_state import chunk_bwd_dh, chunk_fwd_h
-from ..common.launch import check_chunk, check_dims, require_device
+from ..common.launch import check_chunk, check_dims, kernel_chunk, require_device
 
 
 def linear_chunk_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -46,6 +48,7 @@ def linear_chunk_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     check_chunk(chunk_size)
     check_dims(q.shape[-1], v.shape[-1])
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    chunk_size = kernel_chunk(chunk_size, q.shape[-1])
     bv = dict(block_v=block_v)
     hs, _, S = chunk_fwd_h(k, v, initial_state=initial_state, chunk_size=chunk_size, store_h=causal, **bv)
     if causal:
@@ -62,6 +65,7 @@ def linear_chunk_backward(q, k, v, initial_state, do, dS, *, scale: float = 1.0,
     ``need_state_grad`` is False). ``do: [B, H, T, Dv]``, ``dS: [B, H, Dv, D]`` or None."""
     require_device(q)
     q, k, v, do = q.contiguous(), k.contiguous(), v.contiguous(), do.contiguous()
+    chunk_size = kernel_chunk(chunk_size, q.shape[-1])
     bv = dict(block_v=block_v)
     if causal:
         hs, _, _ = chunk_fwd_h(k, v, initial_state=initial_state, chunk_size=chunk_size, **bv)
