@@ -10,6 +10,8 @@ Tolerance: relative RMS error 2e-5 for float32 against float64 (measured ~1e-7 t
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from attnlib import delta_rule
 from attnlib.deltanet import delta_rule_recurrent
@@ -56,6 +58,24 @@ def test_solve_tril_inverts_every_chunk_by_blocks(chunk, T, rel_err):
     A = L.reshape(2, 1, n * chunk, chunk)[:, :, :T]
     want = torch.linalg.inv(torch.eye(chunk, dtype=F64) + L).reshape(2, 1, n * chunk, chunk)[:, :, :T]
     assert rel_err(solve_tril(A.float(), chunk), want) < TOL
+
+
+@settings(max_examples=8, deadline=None)
+@given(T=st.integers(1, 70), log_chunk=st.integers(4, 6), size=st.floats(0.0, 1.0), seed=st.integers(0, 2 ** 16))
+def test_solve_tril_result_times_the_matrix_is_the_identity(T, log_chunk, size, seed):
+    chunk = 2 ** log_chunk
+    n = -(-T // chunk)
+    gen = torch.Generator().manual_seed(seed)
+    A = (size * torch.randn(1, 1, n, chunk, chunk, generator=gen)).tril(-1).reshape(1, 1, n * chunk, chunk)[:, :, :T]
+    Ai = solve_tril(A, chunk)
+    pad = n * chunk - T                                        # rows past T: identity rows, as in the kernel's use
+    eye = torch.eye(chunk, dtype=F64)
+    L = eye + torch.nn.functional.pad(A.double(), (0, 0, 0, pad)).reshape(n, chunk, chunk)
+    X = torch.nn.functional.pad(Ai.double(), (0, 0, 0, pad)).reshape(n, chunk, chunk)
+    valid = (torch.arange(n * chunk) < T).reshape(n, chunk, 1)
+    X = torch.where(valid, X, eye)
+    # fp32 backward-stable residual: relative to the sizes of the factors (the inverse grows with A)
+    assert ((L @ X - eye).norm() / (L.norm() * X.norm())).item() < 1e-6
 
 
 @pytest.mark.parametrize("reverse", [False, True])
