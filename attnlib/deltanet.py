@@ -241,39 +241,33 @@ def _check_delta_inputs(q, k, v, beta, g, initial_state):
 
 
 class _TritonDeltaRule(torch.autograd.Function):
-    """Forward: the Triton chunk kernel. Backward: autograd through the PyTorch chunk reference
-    (recomputed), so the kernel can sit inside a trained model."""
+    """Forward and backward by the chunked kernels (``kernels/delta/``). The forward saves the inputs,
+    the chunk-local gate cumsum and each chunk's triangular inverse; the backward recomputes the WY
+    factors and the per-chunk states from them, and returns a gradient for exactly the inputs that
+    require one (only ``q``: the cheap path, no reverse state pass)."""
 
     @staticmethod
     def forward(ctx, q, k, v, beta, g, initial_state, scale, chunk_size):
-        from .kernels.delta_chunk import delta_rule_chunk_forward
-        o, S = delta_rule_chunk_forward(q, k, v, beta, g, scale=scale, chunk_size=chunk_size,
-                                        initial_state=initial_state)
-        ctx.save_for_backward(q, k, v, beta, g, initial_state)
+        from .kernels.delta import delta_rule_chunk_forward
+        o, S, (G, Ai) = delta_rule_chunk_forward(q, k, v, beta, g, scale=scale, chunk_size=chunk_size,
+                                                 initial_state=initial_state)
+        ctx.save_for_backward(q, k, v, beta, g, initial_state, G, Ai)
         ctx.scale, ctx.chunk_size = scale, chunk_size
         return o, S
 
     @staticmethod
     def backward(ctx, do, dS):
-        q, k, v, beta, g, S0 = ctx.saved_tensors
-        inputs = [t.detach().requires_grad_(t.requires_grad) if t is not None else None
-                  for t in (q, k, v, beta, g, S0)]
-        with torch.enable_grad():
-            o, S = delta_rule_chunk_reference(*inputs[:5], scale=ctx.scale, chunk_size=ctx.chunk_size,
-                                              initial_state=inputs[5])
-            outs, grads_out = [o], [do]
-            if dS is not None:
-                outs.append(S)
-                grads_out.append(dS)
-            need = [t for t in inputs if t is not None and t.requires_grad]
-            got = iter(torch.autograd.grad(outs, need, grads_out, allow_unused=True)) if need else iter(())
-        res = []
-        for t in inputs:
-            if t is not None and t.requires_grad:
-                gr = next(got)
-                res.append(None if gr is None else gr.to(t.dtype))
-            else:
-                res.append(None)
+        from .kernels.delta import delta_rule_chunk_backward
+        q, k, v, beta, g, S0, G, Ai = ctx.saved_tensors
+        need = ctx.needs_input_grad[:6]
+        if not any(need):
+            return (None,) * 8
+        grads = delta_rule_chunk_backward(q, k, v, beta, S0, (G, Ai), do, dS, scale=ctx.scale,
+                                          chunk_size=ctx.chunk_size, only_dq=not any(need[1:]),
+                                          need_state_grad=need[5])
+        dq, dk, dv, dbeta, dg, dS0 = grads
+        res = [gr.to(t.dtype) if n and gr is not None else None
+               for gr, t, n in zip((dq, dk, dv, dbeta, dg, dS0), (q, k, v, beta, g, S0), need)]
         return (*res, None, None)
 
 

@@ -14,8 +14,8 @@ Three ways to compute the same thing, each a short reference below:
 * ``parallel``  -- the masked quadratic form ``O = (Q K^T . M) V`` (M: causal mask, diagonal kept);
 * ``recurrent`` -- the loop above (an RNN whose hidden state is the matrix ``S_t``);
 * ``chunk``     -- split time into chunks of ``C``: inside a chunk the masked quadratic form, across
-  chunks the state. Cost ``O(T C D + T D^2)``. The Triton kernel (``kernels/linear_chunk.py``)
-  implements this one.
+  chunks the state. Cost ``O(T C D + T D^2)``. The Triton kernels (``kernels/linear/``, forward
+  and backward) implement this one.
 
 Queries and keys may first go through a feature map ``phi`` (``"elu1"``, ``"relu"``, ``"favor+"``
 or any callable): ``phi(q)`` and ``phi(k)`` then replace ``q`` and ``k`` everywhere. ``scale``
@@ -204,38 +204,34 @@ _REFERENCES = {"parallel": linear_attention_parallel, "recurrent": linear_attent
 
 
 # ---------------------------------------------------------------------------------------------
-# Triton path (forward in the kernel; backward recomputed by the chunk reference)
+# Triton path: forward and backward kernels (kernels/linear/chunk.py)
 # ---------------------------------------------------------------------------------------------
 
 class _TritonLinear(torch.autograd.Function):
+    """Forward and backward by the chunked kernels. The backward recomputes the per-chunk states
+    from ``q, k, v, S0`` (nothing but the inputs is saved) and returns a gradient for exactly the
+    inputs that require one."""
+
     @staticmethod
     def forward(ctx, q, k, v, S0, scale, causal, chunk_size, out_dtype):
-        from .kernels.linear_chunk import linear_chunk_forward
+        from .kernels.linear import linear_chunk_forward
         o, S = linear_chunk_forward(q, k, v, S0, scale=scale, causal=causal, chunk_size=chunk_size,
                                     out_dtype=out_dtype)
-        ctx.save_for_backward(q, k, v, S0 if S0 is not None else torch.empty(0))
-        ctx.has_S0, ctx.scale, ctx.causal, ctx.chunk_size = S0 is not None, scale, causal, chunk_size
+        ctx.save_for_backward(q, k, v, S0)
+        ctx.scale, ctx.causal, ctx.chunk_size = scale, causal, chunk_size
         return o, S
 
     @staticmethod
     def backward(ctx, do, dS):
+        from .kernels.linear import linear_chunk_backward
         q, k, v, S0 = ctx.saved_tensors
-        S0 = S0 if ctx.has_S0 else None
-        acc = torch.float32
-        with torch.enable_grad():
-            ins = [t.detach().to(acc).requires_grad_(True) for t in (q, k, v)]
-            s0 = S0.detach().to(acc).requires_grad_(True) if S0 is not None else None
-            o, S = linear_attention_chunk(ins[0] * ctx.scale, ins[1], ins[2], s0, causal=ctx.causal,
-                                          chunk_size=ctx.chunk_size)
-            outs, grads = [o], [do.to(acc)]
-            if dS is not None:
-                outs.append(S)
-                grads.append(dS.to(acc))
-            wrt = ins + ([s0] if s0 is not None else [])
-            g = torch.autograd.grad(outs, wrt, grads, allow_unused=True)
-        dq, dk, dv = (gi.to(t.dtype) if gi is not None else None for gi, t in zip(g[:3], (q, k, v)))
-        dS0 = g[3].to(S0.dtype) if S0 is not None and g[3] is not None else None
-        return dq, dk, dv, dS0, None, None, None, None
+        need = ctx.needs_input_grad
+        if not any(need[:4]):
+            return (None,) * 8
+        dq, dk, dv, dS0 = linear_chunk_backward(q, k, v, S0, do, dS, scale=ctx.scale, causal=ctx.causal,
+                                                chunk_size=ctx.chunk_size, need_state_grad=need[3])
+        grads = [g.to(t.dtype) if n else None for g, t, n in zip((dq, dk, dv), (q, k, v), need[:3])]
+        return (*grads, dS0.to(S0.dtype) if need[3] else None, None, None, None, None)
 
 
 # ---------------------------------------------------------------------------------------------

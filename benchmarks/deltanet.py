@@ -1,24 +1,36 @@
-"""DeltaNet / Gated DeltaNet forward: attnlib's Triton chunk kernel vs fla vs the recurrent torch loop.
+"""DeltaNet / Gated DeltaNet, forward and forward+backward: attnlib's chunked Triton kernels vs fla vs
+the recurrent torch loop, with peak memory.
 
-    python benchmarks/deltanet.py                   # on a CUDA GPU: the full sweep, JSON into results/
-    python benchmarks/deltanet.py --smoke --out DIR # anywhere: a tiny CPU run of the torch paths
+    python benchmarks/deltanet.py                    # on a CUDA GPU: issue 13's shapes, JSON into results/
+    python benchmarks/deltanet.py --shapes sweep     # the T x D sweep at --B, --H
+    python benchmarks/deltanet.py --smoke --out DIR  # anywhere: a tiny CPU run of the torch paths
 
 Ops (``"op"`` in the JSON): ``delta_rule`` (``g=None``) and ``gated_delta_rule``. Implementations:
 
-* ``attnlib``         -- ``attnlib.delta_rule(..., mode="chunk", backend="triton")``, chunk 64
-  (on the CPU smoke run: ``backend="torch"``, the chunk reference; the row says so in ``"backend"``).
+* ``attnlib``         -- ``attnlib.delta_rule(..., mode="chunk", backend="triton")``, chunk 64: the
+  forward and backward kernels of ``attnlib/kernels/delta/`` (on the CPU smoke run:
+  ``backend="torch"``, the chunk reference; the row says so in ``"backend"``).
 * ``fla``             -- ``fla.ops.delta_rule.chunk_delta_rule`` / ``fla.ops.gated_delta_rule.
-  chunk_gated_delta_rule`` (``flash-linear-attention``), layout ``[B, T, H, D]``: the transposes are
-  made *outside* the timed region. Skipped with a message when ``fla`` cannot be imported.
+  chunk_gated_delta_rule`` (``flash-linear-attention``), the anchor, in the same run; layout
+  ``[B, T, H, D]``, the transposes made *outside* the timed region. Skipped with a message when ``fla``
+  cannot be imported.
 * ``torch_recurrent`` -- ``attnlib.delta_rule(..., mode="recurrent", backend="torch")``: the
-  definition, one token at a time (only up to ``--max-T-recurrent``, default 4096: it is slow).
+  definition, one token at a time (forward only, up to ``--max-T-recurrent``, default 4096: it is slow).
+
+Each row has ``"pass"``: ``"fwd"`` (inputs without gradients) or ``"fwd+bwd"`` (``q, k, v, beta`` and
+``g`` require gradients; one forward and ``torch.autograd.grad`` of all of them against a fixed random
+``dO``), and ``"peak_mem_bytes"``: ``torch.cuda.max_memory_allocated`` during one such call, inputs
+included -- both layouts' copies, the same for every implementation of a shape, so compare
+differences (None on the CPU). Before timing, outputs *and gradients* of the kernels (and fla) are
+checked against the float64 recurrence on a small problem.
 
 Inputs: keys L2-normalised, ``beta`` uniform in (0, 1), ``g = log(alpha)`` with ``alpha`` in
 (0.9, 1) for the gated op, scale ``1/sqrt(D)``, ``Dv = D``. FLOP count for the ``tflops`` column
 (multiply-adds count 2), per chunk of C: ``K K^T``, ``Q K^T`` (C x C x D each), the triangular solve
 (~C^3 / 3), ``W = T K`` (C x C x D), ``U = T V`` (C x C x Dv), ``W S^T``, ``Q S^T``, ``U'^T K`` (C x D x Dv
-each) and ``(Q K^T . M) U'`` (C x C x Dv): about ``2 B H T (3 C D + 2 C Dv + 3 D Dv + C^2 / 3)``. It
-is the chunk algorithm's work, used for all implementations so that ``tflops`` compares speed.
+each) and ``(Q K^T . M) U'`` (C x C x Dv): about ``2 B H T (3 C D + 2 C Dv + 3 D Dv + C^2 / 3)``; 3x
+that for forward+backward rows. It is the chunk algorithm's work, used for all implementations so
+that ``tflops`` compares speed.
 """
 
 from __future__ import annotations
@@ -33,11 +45,24 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import DTYPES, add_sweep_arguments, checkpoint, print_table, require_agreement, time_ms, write_results  # noqa: E402
+from _common import (  # noqa: E402
+    DTYPES,
+    add_sweep_arguments,
+    checkpoint,
+    forward_backward,
+    measured_peak_bytes,
+    print_table,
+    require_agreement,
+    time_ms,
+    write_results,
+)
 
 import attnlib  # noqa: E402
 
 CHUNK = 64
+# Issue 13's shapes: (B, H, T, D); both passes run on all of them.
+ISSUE_SHAPES = [(4, 16, 4096, 64), (4, 16, 4096, 128), (4, 16, 16384, 128), (1, 8, 65536, 128),
+                (2, 16, 4096, 128)]
 
 
 def delta_flops(B, H, T, D, C=CHUNK):
@@ -65,7 +90,7 @@ def load_fla():
     return run
 
 
-def make_inputs(B, H, T, D, device, dtype, gated, seed=0):
+def make_inputs(B, H, T, D, device, dtype, gated, seed=0, requires_grad=False):
     g = torch.Generator(device="cpu").manual_seed(seed)
     q = torch.randn(B, H, T, D, generator=g)
     k = F.normalize(torch.randn(B, H, T, D, generator=g), dim=-1)
@@ -73,53 +98,66 @@ def make_inputs(B, H, T, D, device, dtype, gated, seed=0):
     beta = torch.rand(B, H, T, generator=g)
     gg = torch.log(0.9 + 0.1 * torch.rand(B, H, T, generator=g)) if gated else None
     cast = (lambda x: x.to(device, dtype)) if dtype != torch.float64 else (lambda x: x.to(device))
-    return (cast(q), cast(k), cast(v), beta.to(device, torch.float32 if dtype == torch.float64 else dtype),
-            None if gg is None else gg.to(device, torch.float32))
+    out = (cast(q), cast(k), cast(v), beta.to(device, torch.float32 if dtype == torch.float64 else dtype),
+           None if gg is None else gg.to(device, torch.float32))
+    return tuple(x if x is None else x.requires_grad_(requires_grad) for x in out)
 
 
-def to_bt(q, k, v, beta, g):
+def to_bt(q, k, v, beta, g, requires_grad=False):
     """fla's layout [B, T, H, D] (and [B, T, H] for beta, g) -- made outside the timed region."""
-    return ([x.transpose(1, 2).contiguous() for x in (q, k, v)] + [beta.transpose(1, 2).contiguous()]
-            + [None if g is None else g.transpose(1, 2).contiguous()])
+    return tuple(None if x is None else x.detach().transpose(1, 2).contiguous().requires_grad_(requires_grad)
+                 for x in (q, k, v, beta, g))
 
 
 def check_agreement(fla_fn, device, dtype):
-    """Before timing: the kernel and fla must agree with the float64 recurrence on one small problem."""
+    """Before timing: outputs and gradients of the kernels (and fla) against the float64 recurrence."""
+    tag = str(dtype).replace("torch.", "")
     for gated in (False, True):
         q, k, v, beta, g = make_inputs(1, 2, 300, 64, device, dtype, gated)
-        ref = attnlib.delta_rule(q.double(), k.double(), v.double(), beta.double(),
-                                 g=None if g is None else g.double(), mode="recurrent", backend="torch")
-        got = {"attnlib": attnlib.delta_rule(q, k, v, beta, g=g, backend="triton")}
-        if fla_fn is not None:
-            bq, bk, bv, bb, bg = to_bt(q, k, v, beta, g)
-            got["fla"] = fla_fn(bq, bk, bv, bb, bg, 1 / math.sqrt(64)).transpose(1, 2)
-        for name, o in got.items():
-            require_agreement(name, o, ref, f"float64 recurrence ({'gated' if gated else 'plain'}, "
-                                          f"{str(dtype).replace('torch.', '')})")
+        do = torch.randn(1, 2, 300, 64, generator=torch.Generator().manual_seed(1)).to(device, dtype)
+        ins64 = [x.double().requires_grad_() for x in (q, k, v, beta) + ((g,) if gated else ())]
+        ref = attnlib.delta_rule(*ins64[:4], g=ins64[4] if gated else None, mode="recurrent", backend="torch")
+        ref_grads = torch.autograd.grad(ref, ins64, do.double())
+        runs = {"attnlib": lambda a, b, c, d, e: attnlib.delta_rule(a, b, c, d, g=e, backend="triton")}
+        if fla_fn is not None:                                 # differentiated through the layout change
+            runs["fla"] = lambda a, b, c, d, e: fla_fn(
+                *(None if x is None else x.transpose(1, 2) for x in (a, b, c, d, e)), 1 / math.sqrt(64)
+            ).transpose(1, 2)
+        for name, fn in runs.items():
+            ins = [x.clone().requires_grad_() for x in (q, k, v, beta) + ((g,) if gated else ())]
+            o = fn(*ins[:4], ins[4] if gated else None)
+            grads = torch.autograd.grad(o, ins, do)
+            what = f"float64 recurrence ({'gated' if gated else 'plain'}, {tag})"
+            require_agreement(name, o, ref, what)
+            for gname, a, b in zip(("dq", "dk", "dv", "dbeta", "dg"), grads, ref_grads):
+                require_agreement(f"{name} {gname}", a, b, what, tol=5e-2)
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_sweep_arguments(ap, dtypes="bf16")
     ap.add_argument("--max-T-recurrent", type=int, default=4096)
+    ap.add_argument("--shapes", default="issue", choices=("issue", "sweep"),
+                    help="issue: issue 13's (B, H, T, D) list; sweep: every --T x --D at --B, --H")
+    ap.add_argument("--passes", default="fwd,fwd+bwd")
     args = ap.parse_args(argv)
 
     if args.smoke:
         if args.out is None:
             ap.error("--smoke writes JSON only to a directory given with --out")
         device = torch.device("cpu")
-        B, H, Ts, Ds, dtypes, max_rec = 1, 2, [128, 256], [16], ["fp32"], 256
+        shapes, dtypes, max_rec = [(1, 2, 128, 16), (1, 2, 256, 16)], ["fp32"], 256
     else:
         if not torch.cuda.is_available():
             print("benchmarks/deltanet.py needs a CUDA GPU (Triton kernels, fla). "
                   "Nothing to measure here; use --smoke --out DIR for a CPU smoke run.")
             return 0
         device = torch.device("cuda")
-        B, H = args.B, args.H
-        Ts = [int(t) for t in args.T.split(",")]
-        Ds = [int(d) for d in args.D.split(",")]
+        shapes = (ISSUE_SHAPES if args.shapes == "issue" else
+                  [(args.B, args.H, int(t), int(d)) for d in args.D.split(",") for t in args.T.split(",")])
         dtypes = args.dtypes.split(",")
         max_rec = args.max_T_recurrent
+    passes = args.passes.split(",")
 
     fla_fn = None if args.smoke else load_fla()
     kernel_backend = "torch" if args.smoke else "triton"
@@ -130,33 +168,41 @@ def main(argv=None):
             check_agreement(fla_fn, device, dtype)
         for gated in (False, True):
             op = "gated_delta_rule" if gated else "delta_rule"
-            for D in Ds:
+            for B, H, T, D in shapes:
                 scale = 1 / math.sqrt(D)
-                for T in Ts:
-                    q, k, v, beta, g = make_inputs(B, H, T, D, device, dtype, gated)
-                    bt = to_bt(q, k, v, beta, g) if fla_fn is not None else None
-                    runs = {"attnlib": functools.partial(attnlib.delta_rule, q, k, v, beta, g=g, mode="chunk",
-                                                         chunk_size=CHUNK, backend=kernel_backend)}
+                for pass_ in passes:
+                    bwd = pass_ == "fwd+bwd"
+                    q, k, v, beta, g = make_inputs(B, H, T, D, device, dtype, gated, requires_grad=bwd)
+                    do = torch.randn(B, H, T, D, device=device, dtype=dtype)
+
+                    def ours(q, k, v, beta, g, mode="chunk", backend=kernel_backend):
+                        return attnlib.delta_rule(q, k, v, beta, g=g, mode=mode, chunk_size=CHUNK, backend=backend)
+                    runs = {"attnlib": (ours, (q, k, v, beta, g), do)}
                     if fla_fn is not None:
-                        runs["fla"] = functools.partial(fla_fn, *bt, scale)
-                    if T <= max_rec:
-                        runs["torch_recurrent"] = functools.partial(attnlib.delta_rule, q, k, v, beta, g=g,
-                                                                    mode="recurrent", backend="torch")
-                    for name, fn in runs.items():
+                        runs["fla"] = (functools.partial(fla_fn, scale=scale), to_bt(q, k, v, beta, g, bwd),
+                                       do.transpose(1, 2).contiguous())
+                    if T <= max_rec and not bwd:
+                        runs["torch_recurrent"] = (functools.partial(ours, mode="recurrent", backend="torch"),
+                                                   (q, k, v, beta, g), do)
+                    for name, (fn, ins, grad_out) in runs.items():
+                        step = forward_backward(fn, ins, grad_out) if bwd else functools.partial(fn, *ins)
                         try:
-                            ms = time_ms(fn)
+                            ms = time_ms(step)
+                            peak = measured_peak_bytes(step)
                         except torch.cuda.OutOfMemoryError:
-                            print(f"[skip] {name} {op} T={T} D={D}: out of memory")
+                            print(f"[skip] {name} {op} {pass_} B={B} H={H} T={T} D={D}: out of memory")
                             torch.cuda.empty_cache()
                             continue
-                        rows.append({"op": op, "impl": name, "dtype": dname, "B": B, "H": H, "T": T, "D": D,
-                                     "causal": True, "ms": ms,
-                                     "tflops": delta_flops(B, H, T, D) / (ms * 1e-3) / 1e12,
+                        flops = delta_flops(B, H, T, D) * (3 if bwd else 1)
+                        rows.append({"op": op, "impl": name, "pass": pass_, "dtype": dname, "B": B, "H": H,
+                                     "T": T, "D": D, "causal": True, "ms": ms,
+                                     "tflops": flops / (ms * 1e-3) / 1e12, "peak_mem_bytes": peak,
                                      "backend": kernel_backend if name == "attnlib" else name})
-                    del runs, q, k, v, beta, g, bt
-                    checkpoint(rows, file_op="deltanet", out_dir=args.out, label=f"{op} D={D} T={T}",
-                               op=op, T=T, D=D, dtype=dname)
-    print_table(rows, ["op", "impl", "dtype", "D", "T", "ms", "tflops"])
+                    del runs, q, k, v, beta, g, do
+                    checkpoint(rows, file_op="deltanet", out_dir=args.out,
+                               label=f"{op} {pass_} B={B} H={H} T={T} D={D}", op=op, B=B, H=H, T=T, D=D,
+                               dtype=dname, **{"pass": pass_})
+    print_table(rows, ["op", "impl", "pass", "dtype", "B", "H", "T", "D", "ms", "tflops", "peak_mem_bytes"])
     path = write_results(rows, op="deltanet", out_dir=args.out)
     print(f"wrote {path}")
     return 0

@@ -192,11 +192,11 @@ def test_triton_chunk_kernel_matches_recurrent(T, D, Dv, gated, cs, rel_err):
 
 
 def test_triton_kernel_takes_strided_inputs_and_splits_dv(rel_err):
-    from attnlib.kernels.delta_chunk import delta_rule_chunk_forward
+    from attnlib.kernels.delta import delta_rule_chunk_forward
     q, k, v, beta, g = make(B=1, H=2, T=40, D=16, Dv=40, gated=True, dtype=torch.float32)
     qt = q.transpose(1, 2).contiguous().transpose(1, 2)            # [B, T, H, D] memory, same values
     o_r, S_r = delta_rule(q, k, v, beta, g=g, mode="recurrent", output_final_state=True, scale=0.5)
-    o_t, S_t = delta_rule_chunk_forward(qt, k, v, beta, g, scale=0.5, chunk_size=16, block_dv=16)
+    o_t, S_t, _ = delta_rule_chunk_forward(qt, k, v, beta, g, scale=0.5, chunk_size=16, block_v=16)
     assert rel_err(o_t, o_r) < 1e-5 and rel_err(S_t, S_r) < 1e-5
 
 

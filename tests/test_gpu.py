@@ -155,14 +155,30 @@ def test_linear_attention_normalized_feature_map(dtype):
     _check("linear_attention.elu1_normalized", dtype, o, o_ref, T=513, D=32)
 
 
-def test_linear_attention_backward():
-    q, k, v = (_randn(1, 2, 200, 32, dtype=torch.float32, seed=30 + i).requires_grad_() for i in range(3))
+# Gradients of the chunked kernels' backward (linear, delta, gated delta) against float64 autograd of
+# the references, from the same rounded inputs. Half-precision bounds are looser than the forward's:
+# a gradient sums more rounded products (tf32 / half tensor cores).
+GRAD_TOL = {torch.float32: 5e-5, torch.float16: 1e-2, torch.bfloat16: 5e-2}
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("T,D,Dv,cs", [(1, 64, 64, 64), (200, 32, 32, 64), (777, 128, 128, 64),
+                                       (300, 48, 24, 32)])
+def test_linear_attention_backward(dtype, causal, T, D, Dv, cs):
+    q, k = _randn(2, 3, T, D, dtype=dtype, seed=30 + T), _randn(2, 3, T, D, dtype=dtype, seed=31 + T)
+    v = _randn(2, 3, T, Dv, dtype=dtype, seed=32 + T)
+    S0 = _randn(2, 3, Dv, D, dtype=torch.float32, seed=33 + T)
+    do, dS = _randn(2, 3, T, Dv, dtype=dtype, seed=34 + T), _randn(2, 3, Dv, D, dtype=torch.float32, seed=35 + T)
     grads = []
-    for backend in ("triton", "torch"):
-        o = attnlib.linear_attention(q, k, v, backend=backend)
-        grads.append(torch.autograd.grad(o.square().sum(), (q, k, v)))
-    for a, b in zip(*grads):
-        _check("linear_attention.grad", torch.float32, a, b, T=200, D=32)
+    for backend, cast in (("triton", lambda t: t), ("torch", lambda t: t.double())):
+        ins = [cast(t).requires_grad_() for t in (q, k, v, S0)]
+        o, S = attnlib.linear_attention(*ins[:3], causal=causal, chunk_size=cs, initial_state=ins[3],
+                                        output_final_state=True, backend=backend)
+        grads.append(torch.autograd.grad([o, S], ins, [cast(do), cast(dS)]))
+    for name, a, b in zip(("dq", "dk", "dv", "dS0"), *grads):
+        _check(f"linear_attention.grad.{name}", dtype, a, b, tol=GRAD_TOL[dtype], T=T, D=D, Dv=Dv,
+               causal=causal, chunk=cs)
 
 
 # ---------------------------------------------------------------------------- chapter 4
@@ -195,14 +211,35 @@ def test_delta_rule(dtype, gated, T, D, Dv, cs):
     _check("delta_rule.state", dtype, S, S_ref, tol=max(TOL[dtype], 1e-4), **shape)
 
 
-def test_delta_rule_backward():
-    ts = [t.requires_grad_() for t in _delta_inputs(1, 2, 150, 32, 32, torch.float32, True, seed=40)]
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("gated", [False, True])
+@pytest.mark.parametrize("T,D,Dv,cs", [(1, 64, 64, 64), (150, 32, 32, 64), (777, 128, 128, 64),
+                                       (300, 40, 24, 32)])
+def test_delta_rule_backward(dtype, gated, T, D, Dv, cs):
+    q, k, v, beta, g = _delta_inputs(2, 3, T, D, Dv, dtype, gated, seed=40 + T)
+    S0 = _randn(2, 3, Dv, D, dtype=torch.float32, seed=41 + T) * 0.1
+    do, dS = _randn(2, 3, T, Dv, dtype=dtype, seed=42 + T), _randn(2, 3, Dv, D, dtype=torch.float32, seed=43 + T)
+    names = ["dq", "dk", "dv", "dbeta", "dS0"] + (["dg"] if gated else [])
     grads = []
-    for backend in ("triton", "torch"):
-        o = attnlib.delta_rule(*ts[:4], g=ts[4], backend=backend)
-        grads.append(torch.autograd.grad(o.square().sum(), ts))
-    for a, b in zip(*grads):
-        _check("delta_rule.grad", torch.float32, a, b, T=150, D=32)
+    for backend, cast in (("triton", lambda t: t), ("torch", lambda t: t.double())):
+        ins = [cast(t).requires_grad_() for t in (q, k, v, beta, S0)] + ([cast(g).requires_grad_()] if gated else [])
+        o, S = attnlib.delta_rule(*ins[:4], g=ins[5] if gated else None, chunk_size=cs, initial_state=ins[4],
+                                  output_final_state=True, backend=backend,
+                                  mode="chunk" if backend == "triton" else "recurrent")
+        grads.append(torch.autograd.grad([o, S], ins, [cast(do), cast(dS)]))
+    for name, a, b in zip(names, *grads):
+        _check(f"delta_rule.grad.{name}", dtype, a, b, tol=GRAD_TOL[dtype], T=T, D=D, Dv=Dv, gated=gated, chunk=cs)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_delta_rule_backward_when_only_q_requires_grad(dtype):
+    q, k, v, beta, g = _delta_inputs(1, 2, 200, 64, 64, dtype, True, seed=50)
+    grads = []
+    for backend, cast in (("triton", lambda t: t), ("torch", lambda t: t.double())):
+        qq = cast(q).requires_grad_()
+        o = attnlib.delta_rule(qq, cast(k), cast(v), cast(beta), g=cast(g), backend=backend)
+        grads.append(torch.autograd.grad(o.float().square().sum(), qq)[0])
+    _check("delta_rule.grad.only_q", dtype, grads[0], grads[1], tol=GRAD_TOL[dtype], T=200, D=64)
 
 
 # ---------------------------------------------------------------------------- edge cases, every op

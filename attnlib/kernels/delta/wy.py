@@ -1,0 +1,194 @@
+"""The WY (UT) representation of a chunk of delta-rule steps, forward and backward. Everything here
+is independent per chunk: the grid of every kernel is ``(chunks, B * H)``.
+
+Per chunk (rows ``K [C, D]``, ``V [C, Dv]``, ``beta [C]``, chunk-local gate cumsum ``G [C]``,
+``gamma = exp(G)``, ``Gamma_ij = exp(G_i - G_j)``):
+
+    A  = strictly_lower(diag(beta) (K K^T . Gamma))        _kkt_kernel     -> A  [B, H, T, C] float32
+    Ai = (I + A)^{-1}                                       ../common/solve_tril.py
+    W  = Ai (beta gamma . K),   U = Ai (beta . V)           _w_u_kernel     -> W [B, H, T, D], U [B, H, T, Dv]
+
+``_kkt_kernel``: one program loads ``K [CHUNK, BLOCK_D]`` (all of D), forms ``K K^T`` with one ``tl.dot``
+(fp32 accumulation), scales and masks it and writes the ``[CHUNK, CHUNK]`` tile.
+``_w_u_kernel``: one program loads ``Ai [CHUNK, CHUNK]`` and ``K``, writes ``W``, then loops over
+``BLOCK_V``-wide value tiles writing ``U``.
+
+Backward (``_wy_bwd_kernel``), given ``dW`` and ``dU`` (= the gradient of ``v_new = U - W h``):
+
+    dV    = beta . (Ai^T dU)
+    dK   += beta gamma . (Ai^T dW) + M' K + M'^T K,       M' = beta . dA . Gamma (strict)
+    dbeta = rowsum((Ai^T dU) . V) + rowsum((Ai^T dW) . gamma K) + rowsum(dA . Gamma . K K^T)
+    dG   += rowsum((Ai^T dW) . beta gamma K) + rowsum(dA . A) - colsum(dA . A)
+    with dAi = dW (beta gamma K)^T + dU (beta V)^T  and  dA = -(Ai^T dAi Ai^T), strictly lower.
+
+One program holds ``Ai``, ``K``, ``K K^T`` and the ``[CHUNK, BLOCK_D]`` accumulators in registers, loops
+over value tiles for ``dV`` and the ``dU`` part of ``dAi``, and adds its ``dK`` and ``dG`` into the
+tensors the output backward wrote (the same program owns those rows: no atomics). All products with
+``Ai`` or gradients run in float32 (tf32 on a GPU for half inputs).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..common.launch import dim_block, num_chunks, precisions, stages, value_block, warps
+
+
+@triton.jit
+def _kkt_kernel(K, BETA, G, A, T, D,
+                CHUNK: tl.constexpr, BLOCK_D: tl.constexpr, GATED: tl.constexpr, PIN: tl.constexpr):
+    c = tl.program_id(0)
+    bh = tl.program_id(1).to(tl.int64)
+    offs_c = tl.arange(0, CHUNK)
+    offs_d = tl.arange(0, BLOCK_D)
+    t = c * CHUNK + offs_c
+    tmask = t < T
+    k = tl.load(K + (bh * T + t[:, None]) * D + offs_d[None, :], mask=tmask[:, None] & (offs_d < D)[None, :],
+                other=0.0)
+    beta = tl.load(BETA + bh * T + t, mask=tmask, other=0.0).to(tl.float32)
+    a = tl.dot(k, tl.trans(k), input_precision=PIN)                           # K K^T, fp32
+    strict = (offs_c[:, None] > offs_c[None, :]) & tmask[:, None]
+    if GATED:
+        g = tl.load(G + bh * T + t, mask=tmask, other=0.0)
+        a = a * tl.exp(tl.where(strict, g[:, None] - g[None, :], float("-inf")))
+    a = tl.where(strict, a * beta[:, None], 0.0)
+    tl.store(A + (bh * T + t[:, None]) * CHUNK + offs_c[None, :], a, mask=tmask[:, None])
+
+
+@triton.jit
+def _w_u_kernel(K, V, BETA, G, Ai, W, U, T, D, DV,
+                CHUNK: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr,
+                GATED: tl.constexpr, P32: tl.constexpr):
+    c = tl.program_id(0)
+    bh = tl.program_id(1).to(tl.int64)
+    offs_c = tl.arange(0, CHUNK)
+    offs_d = tl.arange(0, BLOCK_D)
+    t = c * CHUNK + offs_c
+    tmask = t < T
+    kd = tmask[:, None] & (offs_d < D)[None, :]
+    ai = tl.load(Ai + (bh * T + t[:, None]) * CHUNK + offs_c[None, :], mask=tmask[:, None], other=0.0)
+    beta = tl.load(BETA + bh * T + t, mask=tmask, other=0.0).to(tl.float32)
+    k = tl.load(K + (bh * T + t[:, None]) * D + offs_d[None, :], mask=kd, other=0.0).to(tl.float32)
+    kb = k * beta[:, None]
+    if GATED:
+        g = tl.load(G + bh * T + t, mask=tmask, other=0.0)
+        kb = kb * tl.exp(g)[:, None]
+    w = tl.dot(ai, kb, input_precision=P32)
+    tl.store(W + (bh * T + t[:, None]) * D + offs_d[None, :], w.to(W.dtype.element_ty), mask=kd)
+    for v0 in range(0, DV, BLOCK_V):
+        offs_v = v0 + tl.arange(0, BLOCK_V)
+        kv = tmask[:, None] & (offs_v < DV)[None, :]
+        v = tl.load(V + (bh * T + t[:, None]) * DV + offs_v[None, :], mask=kv, other=0.0).to(tl.float32)
+        u = tl.dot(ai, v * beta[:, None], input_precision=P32)
+        tl.store(U + (bh * T + t[:, None]) * DV + offs_v[None, :], u.to(U.dtype.element_ty), mask=kv)
+
+
+@triton.jit
+def _wy_bwd_kernel(K, V, BETA, G, Ai, DW, DU, DK, DV_OUT, DBETA, DG, T, D, DV,
+                   CHUNK: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr,
+                   GATED: tl.constexpr, P32: tl.constexpr):
+    c = tl.program_id(0)
+    bh = tl.program_id(1).to(tl.int64)
+    offs_c = tl.arange(0, CHUNK)
+    offs_d = tl.arange(0, BLOCK_D)
+    t = c * CHUNK + offs_c
+    tmask = t < T
+    kd = tmask[:, None] & (offs_d < D)[None, :]
+    strict = (offs_c[:, None] > offs_c[None, :]) & tmask[:, None]
+    ai = tl.load(Ai + (bh * T + t[:, None]) * CHUNK + offs_c[None, :], mask=tmask[:, None], other=0.0)
+    ait = tl.trans(ai)
+    beta = tl.load(BETA + bh * T + t, mask=tmask, other=0.0).to(tl.float32)
+    k = tl.load(K + (bh * T + t[:, None]) * D + offs_d[None, :], mask=kd, other=0.0).to(tl.float32)
+    dw = tl.load(DW + (bh * T + t[:, None]) * D + offs_d[None, :], mask=kd, other=0.0)
+    kg = k
+    if GATED:
+        g = tl.load(G + bh * T + t, mask=tmask, other=0.0)
+        kg = k * tl.exp(g)[:, None]                                              # gamma . K
+    kbg = kg * beta[:, None]
+    dai = tl.dot(dw, tl.trans(kbg), input_precision=P32)                        # dW (beta gamma K)^T
+    tw = tl.dot(ait, dw, input_precision=P32)                                   # Ai^T dW
+    dk = tw * beta[:, None]
+    if GATED:
+        dk = dk * tl.exp(g)[:, None]
+    dbeta = tl.sum(tw * kg, axis=1)
+    dg = tl.sum(tw * kbg, axis=1)
+    for v0 in range(0, DV, BLOCK_V):
+        offs_v = v0 + tl.arange(0, BLOCK_V)
+        kv = tmask[:, None] & (offs_v < DV)[None, :]
+        v = tl.load(V + (bh * T + t[:, None]) * DV + offs_v[None, :], mask=kv, other=0.0).to(tl.float32)
+        du = tl.load(DU + (bh * T + t[:, None]) * DV + offs_v[None, :], mask=kv, other=0.0)
+        dai += tl.dot(du, tl.trans(v * beta[:, None]), input_precision=P32)    # + dU (beta V)^T
+        tu = tl.dot(ait, du, input_precision=P32)                               # Ai^T dU
+        tl.store(DV_OUT + (bh * T + t[:, None]) * DV + offs_v[None, :], tu * beta[:, None], mask=kv)
+        dbeta += tl.sum(tu * v, axis=1)
+    da = -tl.dot(ait, tl.dot(dai, ait, input_precision=P32), input_precision=P32)
+    da = tl.where(strict, da, 0.0)
+    kk = tl.dot(k, tl.trans(k), input_precision=P32)
+    if GATED:
+        da_g = da * tl.exp(tl.where(strict, g[:, None] - g[None, :], float("-inf")))   # dA . Gamma
+    else:
+        da_g = da
+    dbeta += tl.sum(da_g * kk, axis=1)
+    m = da_g * beta[:, None]
+    dk += tl.dot(m, k, input_precision=P32) + tl.dot(tl.trans(m), k, input_precision=P32)
+    dk += tl.load(DK + (bh * T + t[:, None]) * D + offs_d[None, :], mask=kd, other=0.0)
+    tl.store(DK + (bh * T + t[:, None]) * D + offs_d[None, :], dk, mask=kd)
+    tl.store(DBETA + bh * T + t, dbeta, mask=tmask)
+    if GATED:
+        r = m * kk                                                                # dA . A
+        dg += tl.sum(r, axis=1) - tl.sum(r, axis=0)
+        dg += tl.load(DG + bh * T + t, mask=tmask, other=0.0)
+        tl.store(DG + bh * T + t, dg, mask=tmask)
+
+
+def chunk_scaled_dot_kkt(k, beta, G, chunk_size: int) -> torch.Tensor:
+    """``A = strictly_lower(diag(beta)(K K^T . Gamma))`` per chunk: float32 ``[B, H, T, CHUNK]``."""
+    B, H, T, D = k.shape
+    A = torch.empty(B, H, T, chunk_size, device=k.device, dtype=torch.float32)
+    if A.numel() == 0:
+        return A
+    pin, _ = precisions(k.dtype)
+    BLOCK_D = dim_block(D)
+    _kkt_kernel[(num_chunks(T, chunk_size), B * H)](k, beta, G if G is not None else A, A, T, D,
+                                                    CHUNK=chunk_size, BLOCK_D=BLOCK_D, GATED=G is not None,
+                                                    PIN=pin, num_warps=warps(chunk_size, BLOCK_D),
+                                                    num_stages=stages(k.device))
+    return A
+
+
+def recompute_w_u(k, v, beta, G, Ai, chunk_size: int, out_dtype=None, block_v=None):
+    """``W = Ai (beta gamma . K)``, ``U = Ai (beta . V)`` per chunk, in ``out_dtype`` (default k's)."""
+    B, H, T, D = k.shape
+    DV = v.shape[-1]
+    dt = out_dtype or k.dtype
+    w = torch.empty(B, H, T, D, device=k.device, dtype=dt)
+    u = torch.empty(B, H, T, DV, device=k.device, dtype=dt)
+    if B * H * T == 0:
+        return w, u
+    _, p32 = precisions(k.dtype)
+    BLOCK_D = dim_block(D)
+    _w_u_kernel[(num_chunks(T, chunk_size), B * H)](
+        k, v, beta, G if G is not None else Ai, Ai, w, u, T, D, DV,
+        CHUNK=chunk_size, BLOCK_D=BLOCK_D, BLOCK_V=value_block(DV, D, k.device, block_v), GATED=G is not None,
+        P32=p32, num_warps=warps(chunk_size, BLOCK_D), num_stages=stages(k.device))
+    return w, u
+
+
+def wy_backward(k, v, beta, G, Ai, dw, du, dk, dG, chunk_size: int, block_v=None):
+    """Backward of ``recompute_w_u`` and ``chunk_scaled_dot_kkt`` through ``Ai``. Adds into ``dk`` (and
+    ``dG``) in place; returns ``(dv, dbeta)``, float32."""
+    B, H, T, D = k.shape
+    DV = v.shape[-1]
+    dv = torch.empty(B, H, T, DV, device=k.device, dtype=torch.float32)
+    dbeta = torch.empty(B, H, T, device=k.device, dtype=torch.float32)
+    if B * H * T == 0:
+        return dv, dbeta
+    _, p32 = precisions(k.dtype)
+    BLOCK_D = dim_block(D)
+    _wy_bwd_kernel[(num_chunks(T, chunk_size), B * H)](
+        k, v, beta, G if G is not None else dbeta, Ai, dw, du, dk, dv, dbeta, dG if dG is not None else dbeta,
+        T, D, DV, CHUNK=chunk_size, BLOCK_D=BLOCK_D, BLOCK_V=value_block(DV, D, k.device, block_v),
+        GATED=G is not None, P32=p32, num_warps=warps(chunk_size, BLOCK_D), num_stages=1)   # see launch.kernel_chunk
+    return dv, dbeta

@@ -1,0 +1,155 @@
+"""The chunked DeltaNet / Gated DeltaNet kernels (``attnlib/kernels/delta/`` and the shared pieces in
+``kernels/common/``, through Triton's interpreter, float32): each piece against torch, then the
+forward and every gradient (q, k, v, beta, g, initial state, with a final-state gradient) against the
+float64 recurrence at odd shapes -- T not a multiple of the chunk, D not a power of two, Dv != D,
+value tiles split across programs, gates near 0 and at -30, beta in [0, 2] -- and gradients for any
+subset of inputs.
+
+Tolerance: relative RMS error 2e-5 for float32 against float64 (measured ~1e-7 to 5e-7).
+"""
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from attnlib import delta_rule
+from attnlib.deltanet import delta_rule_recurrent
+from attnlib.kernels.common.cumsum import chunk_cumsum
+from attnlib.kernels.common.solve_tril import solve_tril
+from attnlib.kernels.delta import delta_rule_chunk_backward, delta_rule_chunk_forward
+
+F64 = torch.float64
+TOL = 2e-5
+
+
+def inputs(B, H, T, D, Dv, *, gated, seed, gate="mild"):
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, H, T, D, generator=gen, dtype=F64)
+    k = torch.nn.functional.normalize(torch.randn(B, H, T, D, generator=gen, dtype=F64), dim=-1)
+    v = torch.randn(B, H, T, Dv, generator=gen, dtype=F64)
+    beta = 2 * torch.rand(B, H, T, generator=gen, dtype=F64)                # the whole stable range [0, 2]
+    g = None
+    if gated:
+        if gate == "mild":
+            g = torch.log(0.5 + 0.5 * torch.rand(B, H, T, generator=gen, dtype=F64))
+        elif gate == "near0":
+            g = -1e-4 * torch.rand(B, H, T, generator=gen, dtype=F64)
+        else:                                                               # "-30": forget everything, sometimes
+            g = torch.where(torch.rand(B, H, T, generator=gen, dtype=F64) < 0.3, -30.0,
+                            -0.1 * torch.rand(B, H, T, generator=gen, dtype=F64))
+    S0 = torch.randn(B, H, Dv, D, generator=gen, dtype=F64)
+    do = torch.randn(B, H, T, Dv, generator=gen, dtype=F64)
+    dS = torch.randn(B, H, Dv, D, generator=gen, dtype=F64)
+    return q, k, v, beta, g, S0, do, dS
+
+
+def f32(x):
+    return None if x is None else x.float()
+
+
+# ------------------------------------------------------------------ the shared pieces
+
+@pytest.mark.parametrize("chunk,T", [(16, 45), (32, 70), (64, 130), (128, 150)])
+def test_solve_tril_inverts_every_chunk_by_blocks(chunk, T, rel_err):
+    n = -(-T // chunk)
+    L = 0.5 * torch.randn(2, 1, n, chunk, chunk, generator=torch.Generator().manual_seed(chunk), dtype=F64)
+    L = L.tril(-1)
+    A = L.reshape(2, 1, n * chunk, chunk)[:, :, :T]
+    want = torch.linalg.inv(torch.eye(chunk, dtype=F64) + L).reshape(2, 1, n * chunk, chunk)[:, :, :T]
+    assert rel_err(solve_tril(A.float(), chunk), want) < TOL
+
+
+@settings(max_examples=8, deadline=None)
+@given(T=st.integers(1, 70), log_chunk=st.integers(4, 6), size=st.floats(0.0, 1.0), seed=st.integers(0, 2 ** 16))
+def test_solve_tril_result_times_the_matrix_is_the_identity(T, log_chunk, size, seed):
+    chunk = 2 ** log_chunk
+    n = -(-T // chunk)
+    gen = torch.Generator().manual_seed(seed)
+    A = (size * torch.randn(1, 1, n, chunk, chunk, generator=gen)).tril(-1).reshape(1, 1, n * chunk, chunk)[:, :, :T]
+    Ai = solve_tril(A, chunk)
+    pad = n * chunk - T                                        # rows past T: identity rows, as in the kernel's use
+    eye = torch.eye(chunk, dtype=F64)
+    L = eye + torch.nn.functional.pad(A.double(), (0, 0, 0, pad)).reshape(n, chunk, chunk)
+    X = torch.nn.functional.pad(Ai.double(), (0, 0, 0, pad)).reshape(n, chunk, chunk)
+    valid = (torch.arange(n * chunk) < T).reshape(n, chunk, 1)
+    X = torch.where(valid, X, eye)
+    # fp32 backward-stable residual: relative to the sizes of the factors (the inverse grows with A)
+    assert ((L @ X - eye).norm() / (L.norm() * X.norm())).item() < 1e-6
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+def test_chunk_cumsum_restarts_at_every_chunk(reverse):
+    x = torch.randn(2, 3, 45, dtype=torch.float32)
+    pad = torch.nn.functional.pad(x, (0, 3)).reshape(2, 3, 3, 16)
+    want = (pad.flip(-1).cumsum(-1).flip(-1) if reverse else pad.cumsum(-1)).reshape(2, 3, 48)[..., :45]
+    torch.testing.assert_close(chunk_cumsum(x, 16, reverse=reverse), want)
+
+
+# ------------------------------------------------------------------ forward and backward
+
+CASES = [(1, 12, 20, 16, None), (17, 24, 8, 32, None), (45, 12, 20, 16, None), (70, 24, 40, 32, 16),
+         (130, 12, 20, 64, None)]
+
+
+def check_against_recurrence(T, D, Dv, chunk, block_v, gated, gate, rel_err):
+    q, k, v, beta, g, S0, do, dS = inputs(2, 1, T, D, Dv, gated=gated, seed=T + D, gate=gate)
+    ins = [t.clone().requires_grad_() for t in (q, k, v, beta, S0)]
+    gg = g.clone().requires_grad_() if gated else None
+    o_r, S_r = delta_rule_recurrent(*ins[:4], gg, scale=0.7, initial_state=ins[4])
+    want = torch.autograd.grad([o_r, S_r], ins + ([gg] if gated else []), [do, dS])
+    o, S, saved = delta_rule_chunk_forward(*map(f32, (q, k, v, beta, g)), scale=0.7, chunk_size=chunk,
+                                           initial_state=f32(S0), block_v=block_v)
+    dq, dk, dv, dbeta, dg, dS0 = delta_rule_chunk_backward(*map(f32, (q, k, v, beta, S0)), saved, f32(do), f32(dS),
+                                                           scale=0.7, chunk_size=chunk, block_v=block_v)
+    assert rel_err(o, o_r) < TOL and rel_err(S, S_r) < TOL
+    got = [dq, dk, dv, dbeta, dS0] + ([dg] if gated else [])
+    for name, a, b in zip(("dq", "dk", "dv", "dbeta", "dS0", "dg"), got, want):
+        assert torch.isfinite(a).all() and rel_err(a, b) < TOL, name
+
+
+@pytest.mark.parametrize("gated", [False, True])
+@pytest.mark.parametrize("T,D,Dv,chunk,block_v", CASES)
+def test_forward_and_every_gradient_match_float64_recurrence(T, D, Dv, chunk, block_v, gated, rel_err):
+    check_against_recurrence(T, D, Dv, chunk, block_v, gated, "mild", rel_err)
+
+
+@pytest.mark.parametrize("gate", ["near0", "-30"])
+def test_gates_near_zero_and_near_minus_infinity(gate, rel_err):
+    check_against_recurrence(45, 12, 20, 16, None, True, gate, rel_err)
+
+
+@pytest.mark.parametrize("wrt", ["q", "k", "v", "beta", "g", "initial_state"])
+def test_gradient_of_any_single_input_through_the_public_function(wrt, rel_err):
+    """Issue 12's defect: the backward raised when only q required a gradient. Any one input alone."""
+    q, k, v, beta, g, S0, _, _ = inputs(1, 2, 23, 12, 6, gated=True, seed=5)
+    got = {}
+    for backend, dt in (("triton", torch.float32), ("torch", F64)):
+        ts = {"q": q, "k": k, "v": v, "beta": beta, "g": g, "initial_state": S0}
+        ts = {n: t.to(dt) for n, t in ts.items()}
+        ts[wrt].requires_grad_()
+        o, S = delta_rule(ts["q"], ts["k"], ts["v"], ts["beta"], g=ts["g"], chunk_size=16,
+                          initial_state=ts["initial_state"], output_final_state=True, backend=backend)
+        (o.square().sum() + S.sum()).backward()
+        got[backend] = ts[wrt].grad
+    assert got["triton"].dtype == torch.float32 and rel_err(got["triton"], got["torch"]) < TOL
+
+
+def test_only_q_requiring_grad_without_final_state(rel_err):
+    q, k, v, beta, _, _, _, _ = inputs(1, 1, 20, 16, 16, gated=False, seed=1)
+    grads = []
+    for backend, dt in (("triton", torch.float32), ("torch", F64)):
+        qq = q.to(dt).requires_grad_()
+        delta_rule(qq, k.to(dt), v.to(dt), beta.to(dt), chunk_size=16, backend=backend).sum().backward()
+        grads.append(qq.grad)
+    assert rel_err(*grads) < TOL
+
+
+def test_empty_batch_runs_forward_and_backward():
+    q, k, v = (torch.randn(0, 2, 17, 12, requires_grad=True) for _ in range(3))
+    beta = torch.rand(0, 2, 17, requires_grad=True)
+    g = (-torch.rand(0, 2, 17)).requires_grad_()
+    o, S = delta_rule(q, k, v, beta, g=g, chunk_size=16, output_final_state=True, backend="triton")
+    assert o.shape == (0, 2, 17, 12) and S.shape == (0, 2, 12, 12)
+    o.sum().backward()
+    assert all(t.grad is not None and t.grad.shape == t.shape for t in (q, k, v, beta, g))

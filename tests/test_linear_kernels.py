@@ -1,0 +1,101 @@
+"""The chunked linear-attention kernels (``attnlib/kernels/linear/``, through Triton's interpreter,
+float32): forward and every gradient against float64 references, at odd shapes -- T not a multiple
+of the chunk, D not a power of two, Dv != D, value tiles split across programs -- with initial and
+final states; gradients for any subset of inputs; the float16 score tile that must not overflow.
+
+Tolerance: relative RMS error 2e-5 for float32 against float64 (measured ~1e-7).
+"""
+
+import pytest
+import torch
+
+from attnlib import linear_attention
+from attnlib.kernels.linear import linear_chunk_backward, linear_chunk_forward
+from attnlib.linear import linear_attention_recurrent
+
+F64 = torch.float64
+TOL = 2e-5
+
+
+def inputs(B, H, T, D, Dv, seed):
+    g = torch.Generator().manual_seed(seed)
+    q, k = (torch.randn(B, H, T, D, generator=g, dtype=F64) for _ in range(2))
+    v = torch.randn(B, H, T, Dv, generator=g, dtype=F64)
+    S0 = torch.randn(B, H, Dv, D, generator=g, dtype=F64)
+    do = torch.randn(B, H, T, Dv, generator=g, dtype=F64)
+    dS = torch.randn(B, H, Dv, D, generator=g, dtype=F64)
+    return q, k, v, S0, do, dS
+
+
+def reference_grads(q, k, v, S0, do, dS, *, scale, causal):
+    """Float64 outputs and gradients of the recurrence (the definition), by autograd."""
+    ins = [t.clone().requires_grad_() for t in (q, k, v, S0)]
+    o, S = linear_attention_recurrent(ins[0] * scale, ins[1], ins[2], ins[3], causal=causal)
+    return o, S, torch.autograd.grad([o, S], ins, [do, dS])
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("T,D,Dv,chunk,block_v", [(1, 12, 20, 16, None), (17, 24, 8, 32, None),
+                                                  (45, 12, 20, 16, None), (70, 24, 40, 32, 16),
+                                                  (130, 12, 20, 64, None)])
+def test_forward_and_every_gradient_match_float64_recurrence(T, D, Dv, chunk, block_v, causal, rel_err):
+    q, k, v, S0, do, dS = inputs(2, 1, T, D, Dv, seed=T)
+    o_r, S_r, grads_r = reference_grads(q, k, v, S0, do, dS, scale=0.7, causal=causal)
+    f = [t.float() for t in (q, k, v, S0)]
+    o, S = linear_chunk_forward(*f[:3], f[3], scale=0.7, causal=causal, chunk_size=chunk, block_v=block_v)
+    grads = linear_chunk_backward(*f, do.float(), dS.float(), scale=0.7, causal=causal, chunk_size=chunk,
+                                  block_v=block_v)
+    assert o.dtype == torch.float32 and S.dtype == torch.float32
+    assert rel_err(o, o_r) < TOL and rel_err(S, S_r) < TOL
+    for name, got, want in zip(("dq", "dk", "dv", "dS0"), grads, grads_r):
+        assert rel_err(got, want) < TOL, name
+
+
+@pytest.mark.parametrize("wrt", ["q", "k", "v", "initial_state"])
+def test_gradient_of_any_single_input_through_the_public_function(wrt, rel_err):
+    """Only one input requires a gradient: the backward runs, and the gradient matches the torch
+    reference (normalised elu1 features, initial state, final state used in the loss)."""
+    q, k, v, _, _, _ = inputs(1, 2, 23, 12, 6, seed=3)
+    S0 = torch.rand(1, 2, 7, 12, dtype=F64)                                    # Dv + 1 rows: normalize
+    got = {}
+    for backend, dt in (("triton", torch.float32), ("torch", F64)):
+        ts = {"q": q.to(dt), "k": k.to(dt), "v": v.to(dt), "initial_state": S0.float() if dt != F64 else S0}
+        ts[wrt] = ts[wrt].clone().requires_grad_()
+        o, S = linear_attention(ts["q"], ts["k"], ts["v"], feature_map="elu1", normalize=True, chunk_size=16,
+                                initial_state=ts["initial_state"], output_final_state=True, backend=backend)
+        (o.square().sum() + S.sum()).backward()
+        got[backend] = ts[wrt].grad
+    assert got["triton"].dtype == torch.float32 and rel_err(got["triton"], got["torch"]) < TOL
+
+
+def test_empty_batch_runs_forward_and_backward():
+    q, k, v = (torch.randn(0, 2, 17, 12, requires_grad=True) for _ in range(3))
+    o, S = linear_attention(q, k, v, chunk_size=16, output_final_state=True, backend="triton")
+    assert o.shape == (0, 2, 17, 12) and S.shape == (0, 2, 12, 12)
+    o.sum().backward()
+    assert q.grad.shape == q.shape and k.grad.shape == k.shape and v.grad.shape == v.shape
+
+
+def test_fp16_scores_above_the_fp16_range_stay_finite(rel_err):
+    """Issue 12: with scale q . k = 32 * 60^2 / sqrt(2) ~ 81459 > 65504 inside a chunk, a score tile cast to float16
+    overflows. The kernel keeps the score tile (and the state) in float32."""
+    T, D = 40, 32
+    q = torch.full((1, 1, T, D), 60.0, dtype=torch.float16)
+    k = torch.full((1, 1, T, D), 60.0, dtype=torch.float16)
+    v = (torch.randn(1, 1, T, D, generator=torch.Generator().manual_seed(0)) * 1e-3).half()
+    assert (q[0, 0, 0].double() @ k[0, 0, 0].double()) * 2 ** -0.5 > 65504     # scale 1/sqrt(2)
+    o = linear_attention(q, k, v, chunk_size=16, scale=2 ** -0.5, backend="triton")
+    ref = linear_attention(q.double(), k.double(), v.double(), scale=2 ** -0.5, backend="torch")
+    assert o.dtype == torch.float16 and torch.isfinite(o).all()
+    assert rel_err(o, ref) < 5e-3
+
+
+def test_kernel_score_tile_is_float32_in_the_source():
+    """The unit check behind the fp16 test: the output kernel multiplies the score tile by the values
+    in float32, never after a cast to the value dtype."""
+    import inspect
+
+    from attnlib.kernels.common import chunk_o
+    src = inspect.getsource(chunk_o._fwd_o_kernel.fn)
+    assert "o += tl.dot(s, v, input_precision=P32)" in src and ".to(tl.float32)" in src
+    assert "s.to(" not in src
