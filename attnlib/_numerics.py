@@ -1,0 +1,32 @@
+"""Numerics the references share, written once: the accumulation dtype and the masked product.
+
+``masked_matmul`` exists because a matrix product cannot ignore a position by multiplying it by 0:
+``0 * NaN`` is NaN (and so is ``0 * inf``). Uninitialised right padding, say, would then reach every
+row, including the rows the mask says cannot see it. The references therefore never multiply a
+masked position; they select with ``torch.where`` / ``masked_fill`` instead.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def acc_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype the references accumulate in: float64 for float64 inputs, float32 for the rest
+    (half-precision sums of thousands of terms overflow or lose their small terms)."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def masked_matmul(a: torch.Tensor, keep: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``out_id = sum_{j: keep_ij} a_ij b_jd`` -- ``a @ b`` in which the positions outside ``keep``
+    contribute exactly zero, whatever ``a`` and ``b`` hold there.
+
+    ``a: [..., M, N]``, ``keep: [..., M, N]`` bool (broadcast against ``a``), ``b: [..., N, K]``.
+    Non-finite entries of ``b`` that a row *does* see make that row's entry NaN (the sum of a
+    non-finite term is not a number we can trust); the others never touch it. Costs one extra
+    product of the same size (the count of non-finite entries each row sees).
+    """
+    finite = torch.isfinite(b)
+    out = a.masked_fill(~keep, 0) @ torch.where(finite, b, torch.zeros_like(b))
+    sees_nonfinite = keep.to(out.dtype) @ (~finite).to(out.dtype)     # counts: 0/1 products, exact
+    return torch.where(sees_nonfinite > 0, torch.full_like(out, float("nan")), out)
