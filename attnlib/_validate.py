@@ -22,6 +22,8 @@ from collections.abc import Sequence
 
 import torch
 
+from ._numerics import acc_dtype
+
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
@@ -79,6 +81,25 @@ def check_qkv(q, k, v, *, same_length: bool = False) -> tuple[int, int, int, int
     if D == 0:
         raise ValueError(f"q has shape {_shape(q)}; expected a head dimension of at least 1")
     return B, H, Tq, Tk, D, v.shape[3]
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def check_state(name: str, state, *, q: torch.Tensor, shape: tuple[int, ...], layout: str) -> None:
+    """A recurrent state ``[B, H, rows, cols]``: a tensor of ``shape``, on ``q``'s device, in the
+    accumulation dtype of ``q`` (float32; float64 for float64 inputs) -- the dtype in which the
+    ops return their final states, so that a returned state can be handed back as it is."""
+    check_tensor(name, state, ndim=4, dtypes=None)
+    acc = acc_dtype(q.dtype)
+    if state.dtype != acc:
+        raise TypeError(f"{name} has dtype {_dtype_name(state.dtype)}; expected {_dtype_name(acc)} (the state "
+                        f"is accumulated in {_dtype_name(acc)} for {_dtype_name(q.dtype)} inputs)")
+    if tuple(state.shape) != tuple(shape):
+        raise ValueError(f"{name} has shape {tuple(state.shape)}; expected {tuple(shape)} = {layout}")
+    if state.device != q.device:
+        raise ValueError(f"{name} is on {state.device}; expected {q.device} to match q")
 
 
 def checks_values(x: torch.Tensor) -> bool:

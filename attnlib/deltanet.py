@@ -247,12 +247,7 @@ def _check_delta_inputs(q, k, v, beta, g, initial_state, *, state_name="initial_
     if g is not None:
         _check_gate("g", g, B, H, Tq, q)
     if initial_state is not None:
-        _validate.check_tensor(state_name, initial_state, ndim=4)
-        if tuple(initial_state.shape) != (B, H, Dv, D):
-            raise ValueError(f"{state_name} has shape {tuple(initial_state.shape)}; expected "
-                             f"({B}, {H}, {Dv}, {D}) [batch, heads, Dv, D]")
-        if initial_state.device != q.device:
-            raise ValueError(f"{state_name} is on {initial_state.device}; expected {q.device} to match q")
+        _validate.check_state(state_name, initial_state, q=q, shape=(B, H, Dv, D), layout="(B, H, Dv, D)")
     _check_gate_values(beta, g)
     return B, H, Tq, D, Dv
 
@@ -311,7 +306,8 @@ def delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Te
             (see the module docstring). The Triton kernel implements ``"chunk"``.
         chunk_size: ``C`` for ``mode="chunk"``, a power of two in ``[1, 4096]`` (as for
             :func:`attnlib.linear_attention`); the Triton kernel takes ``[16, 128]``.
-        initial_state: ``[B, H, Dv, D]``; the computation continues from it exactly.
+        initial_state: ``[B, H, Dv, D]``, float32 (float64 for float64 inputs) -- e.g. a previous
+            call's final state; the computation continues from it exactly.
         output_final_state: also return ``S_T [B, H, Dv, D]`` (float32; float64 for float64 inputs),
             a new tensor even when ``T = 0``.
         backend: ``"auto"`` (the chunk kernel where it applies: CUDA, fp16/bf16/fp32,
@@ -363,7 +359,7 @@ def delta_rule_decode_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, be
     Args:
         q, k: ``[B, H, 1, D]`` -- this token's query and key.  v: ``[B, H, 1, Dv]``.
         beta, g: ``[B, H, 1]`` (``g`` None for plain DeltaNet).
-        state: ``[B, H, Dv, D]``, or None for the first token (zeros).
+        state: ``[B, H, Dv, D]`` float32 (float64 for float64 inputs), or None for the first token.
         scale: multiplies q; None means ``1 / sqrt(D)``.
 
     Returns ``(o [B, H, 1, Dv] in q's dtype, new_state [B, H, Dv, D])``: the same update as

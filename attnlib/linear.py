@@ -278,18 +278,9 @@ def _map(q, k, scale, phi):
 def _check_state(name, state, q, v, Dphi, normalize):
     B, H = q.shape[:2]
     rows = v.shape[-1] + (1 if normalize else 0)
-    acc = acc_dtype(q.dtype)
-    _validate.check_tensor(name, state, ndim=4, dtypes=None)
-    if state.dtype != acc:
-        raise TypeError(f"{name} has dtype {str(state.dtype).replace('torch.', '')}; expected "
-                        f"{str(acc).replace('torch.', '')} (the state is accumulated in "
-                        f"{str(acc).replace('torch.', '')} for {str(q.dtype).replace('torch.', '')} inputs)")
-    if tuple(state.shape) != (B, H, rows, Dphi):
-        extra = " (normalize=True carries the normaliser z as one extra row)" if normalize else ""
-        raise ValueError(f"{name} has shape {tuple(state.shape)}; expected {(B, H, rows, Dphi)} "
-                         f"= (B, H, Dv{' + 1' if normalize else ''}, D'){extra}")
-    if state.device != q.device:
-        raise ValueError(f"{name} is on {state.device}; expected {q.device} to match q")
+    layout = ("(B, H, Dv + 1, D') (normalize=True carries the normaliser z as one extra row)" if normalize
+              else "(B, H, Dv, D')")
+    _validate.check_state(name, state, q=q, shape=(B, H, rows, Dphi), layout=layout)
 
 
 def _augment(v, normalize):

@@ -14,9 +14,10 @@ sum), in the reference and in the kernel alike -- never NaN.
 
 Masked positions. In the reference a key outside ``S_i`` contributes exactly nothing to row ``i``, even
 when ``k`` or ``v`` hold NaN or inf there: the scores are masked with ``masked_fill`` and ``P V`` with
-:func:`attnlib._numerics.masked_matmul`, never multiplied by a 0 mask. The kernel never loads a block it
-does not visit, but multiplies within a visited block, so there a non-finite *value* at a masked
-position (above the diagonal, past the end) can reach the block's rows: pad with zeros.
+:func:`attnlib._numerics.masked_matmul`, never multiplied by a 0 mask. The kernel never loads a block
+that ``block_mask`` does not visit, but multiplies within a visited block, so there a non-finite *value*
+at a masked position can reach the rows of its query block -- with ``causal=True`` also from a visited
+key block above the diagonal (give a causal mask, ``block_mask.tril()``, or pad with zeros).
 """
 
 from __future__ import annotations
