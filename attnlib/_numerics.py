@@ -17,6 +17,28 @@ def acc_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
+def split_nonfinite(b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(b with its non-finite entries set to 0, poison)`` for ``b: [..., N, K]``, where ``poison_id``
+    is NaN if some ``j <= i`` has a non-finite ``b_jd`` -- what a causal reader of row ``i`` has met --
+    and 0 otherwise. ``tril(a) @ b_finite + poison`` is then the causal product with nothing from
+    above the diagonal (:func:`causal_matmul`); adding 0 changes no value.
+    """
+    poison = (b * 0).cumsum(-2)                       # 0 * NaN = 0 * inf = NaN, carried down the rows
+    return torch.nan_to_num(b, nan=0.0, posinf=0.0, neginf=0.0), poison
+
+
+def causal_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``out_id = sum_{j <= i} a_ij b_jd`` -- ``tril(a) @ b`` in which the positions above the diagonal
+    contribute exactly zero, whatever ``a`` and ``b`` hold there. ``a: [..., N, N]``, ``b: [..., N, K]``.
+
+    The causal case of :func:`masked_matmul`, at the cost of a running sum instead of a second
+    product: row ``i`` sees ``b_jd`` for every ``j <= i``, so it has met a non-finite entry of column
+    ``d`` iff one stands at or above it (then the entry is NaN).
+    """
+    b_finite, poison = split_nonfinite(b)
+    return a.tril() @ b_finite + poison
+
+
 def masked_matmul(a: torch.Tensor, keep: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """``out_id = sum_{j: keep_ij} a_ij b_jd`` -- ``a @ b`` in which the positions outside ``keep``
     contribute exactly zero, whatever ``a`` and ``b`` hold there.

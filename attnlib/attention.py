@@ -11,7 +11,8 @@ dual potential: the one number per row that the flash kernel keeps.
 
 Masked positions. With ``causal=True`` a key ``j > i`` contributes exactly nothing to row ``i`` in the
 reference, even when ``k`` or ``v`` hold NaN or inf there (e.g. uninitialised right padding): the
-scores are masked with ``masked_fill`` and ``P V`` with :func:`attnlib._numerics.masked_matmul`,
+scores are masked with ``masked_fill`` and ``P V`` multiplies only finite values
+(:func:`attnlib._numerics.split_nonfinite`),
 never multiplied by a 0 mask. The flash kernel skips the blocks above the diagonal (never loads them)
 but multiplies within the diagonal block, so there a non-finite *value* reaches the earlier rows of
 its own block: pad with zeros.
@@ -25,7 +26,7 @@ import torch
 
 from . import _validate
 from ._backend import choose_backend
-from ._numerics import acc_dtype, masked_matmul
+from ._numerics import acc_dtype, split_nonfinite
 
 
 def softmax_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
@@ -46,8 +47,10 @@ def softmax_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     keep = torch.ones(Tq, Tk, dtype=torch.bool, device=s.device).tril()   # j <= i
     s = s.masked_fill(~keep, float("-inf"))
     lse = torch.logsumexp(s, dim=-1)
-    p = torch.exp(s - lse.unsqueeze(-1))                              # rows sum to 1
-    return masked_matmul(p, keep, v.to(acc)).to(q.dtype), lse
+    p = torch.exp(s - lse.unsqueeze(-1))                              # rows sum to 1, 0 above the diagonal
+    # P V, but 0 * NaN is NaN: multiply v's finite part, then mark what each row really saw.
+    v_finite, poison = split_nonfinite(v.to(acc))
+    return (p @ v_finite + poison).to(q.dtype), lse
 
 
 class _TritonAttention(torch.autograd.Function):

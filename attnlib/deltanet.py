@@ -28,9 +28,10 @@ what happens when it is not done).
 
 Masked positions. In the references a position ``j > t`` contributes exactly nothing to ``o_t``, even
 when ``q, k, v, beta`` or ``g`` hold NaN or inf there (e.g. uninitialised right padding): the
-triangular products select with ``torch.where`` (:func:`attnlib._numerics.masked_matmul`), never
-multiply by a 0 mask. The Triton kernel multiplies within a chunk, so there a non-finite entry
-reaches the rows of its own chunk that precede it (not earlier chunks): pad with zeros.
+chunk and parallel forms run on the inputs' finite part and mark NaN what the recurrence would have
+made NaN (``_finite_with_poison``), never trusting a multiplication by a 0 mask. The Triton kernel
+multiplies within a chunk, so there a non-finite entry reaches the rows of its own chunk that precede
+it (not earlier chunks): pad with zeros.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ import torch
 
 from . import _validate
 from ._backend import choose_backend
-from ._numerics import acc_dtype, masked_matmul
+from ._numerics import acc_dtype
 
 MODES = ("parallel", "recurrent", "chunk")
 KERNEL_CHUNK_SIZES = (16, 128)
@@ -113,6 +114,26 @@ def ut_transform(k, beta, g=None):
     return T, Gamma, G
 
 
+def _finite_with_poison(k, v, beta, g):
+    """The chunk and parallel forms multiply masked positions by 0 (triangular products), and
+    0 * NaN is NaN: a junk entry at position ``j`` (uninitialised padding, say) would reach rows
+    ``t < j`` that the recurrence never lets it touch. So they run on finite inputs -- ``k, v, beta,
+    g`` with non-finite entries set to 0 -- and add ``poison [B, H, T, Dv]`` to the outputs: NaN from
+    the first junk ``k_j``, ``beta_j`` or ``g_j`` on (the recurrence mixes it into every row of ``S``),
+    and in column ``d`` from the first junk ``v_jd`` on (it reaches only row ``d`` of ``S``); 0 elsewhere.
+    (A junk ``q_t`` needs nothing: it only ever meets row ``t``.)
+    """
+    gate = (k * 0).sum(-1) + beta * 0 + (0 if g is None else g * 0)             # [B, H, T]: NaN where junk
+    poison = (v * 0 + gate.unsqueeze(-1)).cumsum(-2)                             # carried down the rows
+    clean = [None if x is None else torch.nan_to_num(x, nan=0.0, posinf=0.0, neginf=0.0) for x in (k, v, beta, g)]
+    return (*clean, poison)
+
+
+def _poison_state(S, poison):
+    """The final state met what the last row met: row ``d`` of ``S`` is NaN where ``poison_{T, d}`` is."""
+    return S if poison.shape[-2] == 0 else S + poison[..., -1, :, None]
+
+
 def delta_rule_chunk_reference(q, k, v, beta, g=None, *, scale: float, chunk_size: int = 64,
                                initial_state=None):
     """The chunkwise (WY / UT) form.  Shapes as :func:`delta_rule_recurrent_reference`.
@@ -126,8 +147,7 @@ def delta_rule_chunk_reference(q, k, v, beta, g=None, *, scale: float, chunk_siz
         O  = diag(gamma) Q S0^T + (Q K^T . Gamma . M) U'
         S  = gamma_C S0 + U'^T diag(gamma_C / gamma) K
 
-    The products with the lower-triangular ``T`` and ``Q K^T . M`` read only positions ``j <= t``
-    (:func:`masked_matmul`): what lies above the diagonal never reaches a row, even NaN.
+    Non-finite inputs are handled by :func:`_finite_with_poison`: nothing reaches a row it cannot see.
     """
     acc = acc_dtype(q.dtype)
     B, H, T, D = q.shape
@@ -142,33 +162,34 @@ def delta_rule_chunk_reference(q, k, v, beta, g=None, *, scale: float, chunk_siz
             x = torch.nn.functional.pad(x, (0, 0, 0, pad) if x.dim() == 4 else (0, pad), value=fill)
         return x.reshape(B, H, n, C, *x.shape[3:])
 
+    k, v, beta, g, poison = _finite_with_poison(k.to(acc), v.to(acc), beta.to(acc), None if g is None else g.to(acc))
     qc, kc, vc, bc = chunks(q) * scale, chunks(k), chunks(v), chunks(beta)
     gc = chunks(g) if g is not None else None
     Tm, Gamma, G = ut_transform(kc, bc, gc)                         # [B,H,n,C,C]
-    M = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()  # j <= t
-    P = (qc @ kc.transpose(-1, -2)).masked_fill(~M, 0.0)            # Q K^T . M
+    causal = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
     if gc is None:
-        Wk = masked_matmul(Tm, M, kc)                               # W = T K
+        Wk = Tm @ kc                                                # W = T K
+        P = (qc @ kc.transpose(-1, -2)).masked_fill(~causal, 0.0)   # Q K^T . M
         Qs, Kend, dec = qc, kc, None
     else:
         gamma = torch.exp(G)                                        # [B,H,n,C]
-        Wk = masked_matmul(Tm, M, gamma.unsqueeze(-1) * kc)         # W = T diag(gamma) K
-        P = P * Gamma                                               # Q K^T . Gamma . M
+        Wk = Tm @ (gamma.unsqueeze(-1) * kc)                        # W = T diag(gamma) K
+        P = (qc @ kc.transpose(-1, -2)).masked_fill(~causal, 0.0) * Gamma   # Q K^T . Gamma . M
         Qs = gamma.unsqueeze(-1) * qc                               # diag(gamma) Q
         Kend = torch.exp(G[..., -1:] - G).unsqueeze(-1) * kc        # diag(gamma_C / gamma) K
         dec = gamma[..., -1]                                        # gamma_C per chunk, [B,H,n]
-    U = masked_matmul(Tm, M, vc)                                    # U = T V
+    U = Tm @ vc                                                     # U = T V
     S = (torch.zeros(B, H, Dv, D, dtype=acc, device=q.device) if initial_state is None
          else initial_state.to(acc).clone())
     outs = []
     for i in range(n):
         St = S.transpose(-1, -2)                                    # S0^T, [B,H,D,Dv]
         Ui = U[:, :, i] - Wk[:, :, i] @ St                          # U' = U - W S0^T
-        outs.append(Qs[:, :, i] @ St + masked_matmul(P[:, :, i], M, Ui))
+        outs.append(Qs[:, :, i] @ St + P[:, :, i] @ Ui)
         S_dec = S if dec is None else dec[:, :, i, None, None] * S
         S = S_dec + Ui.transpose(-1, -2) @ Kend[:, :, i]
     o = torch.stack(outs, dim=2).reshape(B, H, n * C, Dv)[:, :, :T]
-    return o, S
+    return o + poison, _poison_state(S, poison)
 
 
 def delta_rule_parallel_reference(q, k, v, beta, g=None, *, scale: float, initial_state=None):
@@ -179,13 +200,15 @@ def delta_rule_parallel_reference(q, k, v, beta, g=None, *, scale: float, initia
 
     which for ``g = None`` and ``S0 = 0`` is ``(Q K^T . M)(I + diag(beta)(K K^T . M^-))^{-1} diag(beta) V``.
     It is the chunk form with a single chunk of length T. Memory and time ``O(T^2 D + T^3)``.
+    Non-finite inputs are handled by :func:`_finite_with_poison`.
     """
     T = q.shape[2]
     if T == 0:
         return delta_rule_recurrent_reference(q, k, v, beta, g, scale=scale, initial_state=initial_state)
     acc = acc_dtype(q.dtype)
-    qs, kk, vv, bb = q.to(acc) * scale, k.to(acc), v.to(acc), beta.to(acc)
-    gg = g.to(acc) if g is not None else None
+    kk, vv, bb, gg, poison = _finite_with_poison(k.to(acc), v.to(acc), beta.to(acc),
+                                                 None if g is None else g.to(acc))
+    qs = q.to(acc) * scale
     Tm, Gamma, G = ut_transform(kk, bb, gg)
     M = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
     B, H, _, D = q.shape
@@ -197,11 +220,11 @@ def delta_rule_parallel_reference(q, k, v, beta, g=None, *, scale: float, initia
     else:
         gamma = torch.exp(G)
         P = P * Gamma
-    U = masked_matmul(Tm, M, vv - gamma.unsqueeze(-1) * (kk @ S0.transpose(-1, -2)))
-    o = gamma.unsqueeze(-1) * (qs @ S0.transpose(-1, -2)) + masked_matmul(P, M, U)
+    U = Tm @ (vv - gamma.unsqueeze(-1) * (kk @ S0.transpose(-1, -2)))
+    o = gamma.unsqueeze(-1) * (qs @ S0.transpose(-1, -2)) + P @ U
     decay_end = torch.exp(G[..., -1:] - G) if gg is not None else torch.ones_like(gamma)
     S = gamma[..., -1, None, None] * S0 + U.transpose(-1, -2) @ (decay_end.unsqueeze(-1) * kk)
-    return o, S
+    return o + poison, _poison_state(S, poison)
 
 
 # --------------------------------------------------------------------------------------------------

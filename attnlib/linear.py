@@ -32,7 +32,7 @@ lose its small terms in float16.
 
 Masked positions. In the references a position ``j > t`` contributes exactly nothing to ``o_t``, even
 when ``k`` or ``v`` hold NaN or inf there (e.g. uninitialised right padding): the masked products
-select with ``torch.where`` (:func:`attnlib._numerics.masked_matmul`), never multiply by a 0 mask.
+select with ``torch.where`` (:mod:`attnlib._numerics`), never multiply by a 0 mask.
 The Triton kernel multiplies within a chunk, so there a non-finite value reaches the rows of its own
 chunk that precede it (not earlier chunks): pad with zeros.
 """
@@ -47,7 +47,7 @@ import torch.nn.functional as F
 
 from . import _validate
 from ._backend import KERNEL_DTYPES, choose_backend
-from ._numerics import acc_dtype, masked_matmul
+from ._numerics import acc_dtype, causal_matmul, split_nonfinite
 
 MODES = ("parallel", "recurrent", "chunk")
 KERNEL_CHUNK_SIZES = (16, 128)
@@ -155,10 +155,7 @@ def resolve_feature_map(feature_map, dim: int, feature_kwargs: dict | None = Non
 def linear_attention_parallel_reference(q, k, v, S0=None, *, causal: bool = True):
     """``O = (Q K^T . M) V + Q S0^T``,  ``S_T = S0 + V^T K``.  O(T^2 D): the quadratic form."""
     a = q @ k.transpose(-1, -2)                               # [B, H, T, T] scores, no softmax
-    if causal:                                                # M: keep j <= t
-        o = masked_matmul(a, torch.ones(a.shape[-2:], dtype=torch.bool, device=a.device).tril(), v)
-    else:
-        o = a @ v
+    o = causal_matmul(a, v) if causal else a @ v              # M: keep j <= t
     S = v.transpose(-1, -2) @ k                               # sum_j v_j k_j^T  [B, H, Dv, D]
     if S0 is not None:
         o = o + q @ S0.transpose(-1, -2)
@@ -195,16 +192,15 @@ def linear_attention_chunk_reference(q, k, v, S0=None, *, causal: bool = True, c
     if not causal:                                            # no mask: the bracket moves freely
         S = S + v.transpose(-1, -2) @ k
         return q @ S.transpose(-1, -2), S
+    v_finite, poison = split_nonfinite(v)                     # the mask multiplies, and 0 * NaN is NaN
     outs = []
     for s in range(0, T, chunk_size):
         qc, kc, vc = q[:, :, s:s + chunk_size], k[:, :, s:s + chunk_size], v[:, :, s:s + chunk_size]
-        a = qc @ kc.transpose(-1, -2)
-        M = torch.ones(a.shape[-2:], dtype=torch.bool, device=a.device).tril()
-        intra = masked_matmul(a, M, vc)                        # inside the chunk: (Q_c K_c^T . M) V_c
+        intra = (qc @ kc.transpose(-1, -2)).tril() @ v_finite[:, :, s:s + chunk_size]   # (Q_c K_c^T . M) V_c
         outs.append(intra + qc @ S.transpose(-1, -2))          # plus everything before it: Q_c S^T
         S = S + vc.transpose(-1, -2) @ kc                      # write the chunk into the state
     o = torch.cat(outs, dim=2) if outs else q.new_zeros(B, H, 0, v.shape[-1])
-    return o, S
+    return o + poison, S                                      # NaN where a row met a non-finite value
 
 
 _REFERENCES = {"parallel": linear_attention_parallel_reference, "recurrent": linear_attention_recurrent_reference,
