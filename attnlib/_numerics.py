@@ -1,9 +1,12 @@
 """Numerics the references share, written once: the accumulation dtype and the masked product.
 
-``masked_matmul`` exists because a matrix product cannot ignore a position by multiplying it by 0:
+The masked products exist because a matrix product cannot ignore a position by multiplying it by 0:
 ``0 * NaN`` is NaN (and so is ``0 * inf``). Uninitialised right padding, say, would then reach every
-row, including the rows the mask says cannot see it. The references therefore never multiply a
-masked position; they select with ``torch.where`` / ``masked_fill`` instead.
+row, including the rows the mask says cannot see it. The references therefore never trust a 0 to
+hide a value: they select (``torch.where``, ``masked_fill``, ``tril``), multiply finite values only,
+and mark NaN exactly the outputs that did see a non-finite value. ``causal_matmul`` /
+``split_nonfinite`` do it for causal masks at the cost of a running sum; ``masked_matmul`` for any
+mask at the cost of a second product.
 """
 
 from __future__ import annotations

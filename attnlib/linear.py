@@ -31,8 +31,9 @@ of a long half-precision sequence is a sum of thousands of outer products and wo
 lose its small terms in float16.
 
 Masked positions. In the references a position ``j > t`` contributes exactly nothing to ``o_t``, even
-when ``k`` or ``v`` hold NaN or inf there (e.g. uninitialised right padding): the masked products
-select with ``torch.where`` (:mod:`attnlib._numerics`), never multiply by a 0 mask.
+when ``k`` or ``v`` hold NaN or inf there (e.g. uninitialised right padding): the scores are masked
+with ``tril`` (a selection), and the masked products multiply only the finite part of ``v``, then
+mark NaN the rows that met a non-finite value (:mod:`attnlib._numerics`) -- never 0 times NaN.
 The Triton kernel multiplies within a chunk, so there a non-finite value reaches the rows of its own
 chunk that precede it (not earlier chunks): pad with zeros.
 """
@@ -230,7 +231,7 @@ class _TritonLinear(torch.autograd.Function):
             ins = [t.detach().to(acc).requires_grad_(True) for t in (q, k, v)]
             s0 = S0.detach().to(acc).requires_grad_(True) if S0 is not None else None
             o, S = linear_attention_chunk_reference(ins[0] * ctx.scale, ins[1], ins[2], s0, causal=ctx.causal,
-                                          chunk_size=ctx.chunk_size)
+                                                    chunk_size=ctx.chunk_size)
             outs, grads = [o], [do.to(acc)]
             if dS is not None:
                 outs.append(S)
