@@ -417,3 +417,26 @@ def test_rel_rms_is_the_relative_frobenius_error_and_zero_for_equal_tensors():
     assert rel_rms(torch.zeros(2), torch.zeros(2)) == 0.0
     with pytest.raises(TypeError, match="two tensors"):
         rel_rms([1.0], b)
+
+
+# ----------------------------------------------------------------------------- the masking keeps gradients exact
+
+def test_masked_references_keep_exact_gradients():
+    """Selecting instead of multiplying by 0 (and the NaN bookkeeping) must not change a gradient."""
+    B, H, T, D, Dv = 1, 1, 5, 3, 2
+    q, k, v = (_rand(B, H, T, n, seed=20 + i).requires_grad_() for i, n in enumerate((D, D, Dv)))
+    beta = (0.5 + 0.3 * torch.rand(B, H, T, dtype=F64)).requires_grad_()
+    g = (-0.2 * torch.rand(B, H, T, dtype=F64)).requires_grad_()
+    mask = torch.tensor([[[True, False, False], [True, True, False], [False, True, True]]])
+    checks = {
+        "softmax": (lambda q, k, v: attnlib.softmax_attention(q, k, v, causal=True), (q, k, v)),
+        "block_sparse": (lambda q, k, v: attnlib.block_sparse_attention(q, k, v, mask, block_size=2, causal=True,
+                                                                         backend="torch"), (q, k, v)),
+    }
+    for mode in linear.MODES:
+        checks[f"linear_{mode}"] = ((lambda m: lambda q, k, v: attnlib.linear_attention(
+            q, k, v, mode=m, chunk_size=2))(mode), (q, k, v))
+        checks[f"delta_{mode}"] = ((lambda m: lambda q, k, v, b, g: attnlib.delta_rule(
+            q, torch.nn.functional.normalize(k, dim=-1), v, b, g=g, mode=m, chunk_size=2))(mode), (q, k, v, beta, g))
+    for name, (fn, inputs) in checks.items():
+        assert torch.autograd.gradcheck(fn, inputs), name
