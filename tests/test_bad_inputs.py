@@ -81,6 +81,17 @@ def test_a_truncated_run_returns_its_iterate_and_its_residual():
     assert len(hist) == 2 and (P.sum(-1) - 1).abs().max() <= hist[-1]
 
 
+@pytest.mark.parametrize("method", ["newton", "mirror"])
+def test_float32_solvers_stop_at_the_rounding_floor_instead_of_running_max_iter(method):
+    """tol=1e-12 is below float32's reach: the iteration stops when the residual stops falling."""
+    C = _rand(6, 30, dtype=torch.float32)
+    P, hist = eot.solve_one_sided(C, 0.5, method=method, return_history=True)
+    assert len(hist) < 200
+    assert (P.double() - torch.softmax(-C.double() / 0.5, -1)).abs().max() < 1e-5
+    _, _, _, n_it = eot.sinkhorn(C, 0.5, return_potentials=True)
+    assert n_it < 1000
+
+
 @pytest.mark.parametrize("call, err, match", [
     (lambda: eot.solve_one_sided(torch.zeros(2, 2), 1.0, max_iter=True), TypeError, "max_iter must be an int"),
     (lambda: eot.solve_one_sided(torch.zeros(2, 2), 1.0, max_iter=0), ValueError, "max_iter must be a positive"),
