@@ -4,9 +4,9 @@ One module per chapter's mechanism; each op has a reference in plain PyTorch (th
 and a Triton kernel, behind one function with ``backend="auto" | "torch" | "triton"``.
 """
 
-from . import eot, needle
+from . import eot, metrics, needle
 from .anna import anna_attention
-from .attention import softmax_attention, softmax_attention_reference
+from .attention import softmax_attention
 from .deltanet import delta_rule, delta_rule_decode_step
 from .linear import linear_attention, linear_attention_decode_step
 from .sparse import block_sparse_attention
@@ -14,8 +14,8 @@ from .sparse import block_sparse_attention
 __version__ = "0.1.0"
 
 __all__ = [
-    "softmax_attention", "softmax_attention_reference",   # chapter 1
-    "eot",
+    "softmax_attention",                                  # chapter 1
+    "eot", "metrics",
     "needle", "block_sparse_attention",                   # chapter 2
     "linear_attention", "linear_attention_decode_step",   # chapter 3
     "delta_rule", "delta_rule_decode_step",               # chapter 4

@@ -2,14 +2,27 @@
 
 Messages name the argument, what was expected and what came, e.g.
 ``k has shape (2, 4, 50, 16); expected (2, 4, *, 32) to match q (batch, heads, dim)``.
+
+Two kinds of check, one rule:
+
+* **Shapes, dtypes, devices, Python parameters** -- always checked: they live on the host and cost
+  nothing.
+* **Values** (finite entries, ranges such as ``beta in [0, 2]``) -- reading a tensor's values on a GPU
+  is a device-to-host synchronisation, which would stall every call of an op inside a training loop
+  or a timed benchmark. So values are checked where reading them is free -- tensors on the CPU --
+  and on other devices only on request: set the environment variable ``ATTNLIB_CHECK_VALUES=1``
+  (read at each call, so it can be switched on while debugging). :func:`checks_values` is that rule.
 """
 
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Sequence
 
 import torch
+
+from ._numerics import acc_dtype
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
@@ -70,6 +83,31 @@ def check_qkv(q, k, v, *, same_length: bool = False) -> tuple[int, int, int, int
     return B, H, Tq, Tk, D, v.shape[3]
 
 
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def check_state(name: str, state, *, q: torch.Tensor, shape: tuple[int, ...], layout: str) -> None:
+    """A recurrent state ``[B, H, rows, cols]``: a tensor of ``shape``, on ``q``'s device, in the
+    accumulation dtype of ``q`` (float32; float64 for float64 inputs) -- the dtype in which the
+    ops return their final states, so that a returned state can be handed back as it is."""
+    check_tensor(name, state, ndim=4, dtypes=None)
+    acc = acc_dtype(q.dtype)
+    if state.dtype != acc:
+        raise TypeError(f"{name} has dtype {_dtype_name(state.dtype)}; expected {_dtype_name(acc)} (the state "
+                        f"is accumulated in {_dtype_name(acc)} for {_dtype_name(q.dtype)} inputs)")
+    if tuple(state.shape) != tuple(shape):
+        raise ValueError(f"{name} has shape {tuple(state.shape)}; expected {tuple(shape)} = {layout}")
+    if state.device != q.device:
+        raise ValueError(f"{name} is on {state.device}; expected {q.device} to match q")
+
+
+def checks_values(x: torch.Tensor) -> bool:
+    """Whether to check the *values* of ``x``: yes on the CPU (free), elsewhere only when the
+    environment variable ``ATTNLIB_CHECK_VALUES`` is ``1`` (each check is a device-to-host sync)."""
+    return x.device.type == "cpu" or os.environ.get("ATTNLIB_CHECK_VALUES", "0") == "1"
+
+
 def check_positive(name: str, value, *, allow_none: bool = False) -> float | None:
     if value is None and allow_none:
         return None
@@ -78,6 +116,23 @@ def check_positive(name: str, value, *, allow_none: bool = False) -> float | Non
     if not (math.isfinite(value) and value > 0):
         raise ValueError(f"{name} must be a finite number > 0; got {value!r}")
     return float(value)
+
+
+def check_int(name: str, value, *, lo: int) -> int:
+    """An int (not a bool) ``>= lo``."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int; got {type(value).__name__}")
+    if value < lo:
+        raise ValueError(f"{name} must be >= {lo}; got {value}")
+    return value
+
+
+# The chunk sizes the chunkwise references take (every op's kernel states its own, narrower range).
+CHUNK_SIZES = (1, 4096)
+
+
+def check_chunk_size(chunk_size) -> int:
+    return check_power_of_two("chunk_size", chunk_size, lo=CHUNK_SIZES[0], hi=CHUNK_SIZES[1])
 
 
 def check_power_of_two(name: str, value, *, lo: int, hi: int) -> int:

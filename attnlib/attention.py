@@ -8,6 +8,14 @@ causal), the output is ``o_i = sum_j P_ij v_j`` with ``P_ij = exp(s_ij - lse_i)`
 Chapter 1 reads ``P`` as the unique optimal plan of a one-sided entropic transport problem with
 cost ``C = -s / scale`` and regulariser ``eps = 1 / scale``, and ``lse`` as (minus, per unit eps) its
 dual potential: the one number per row that the flash kernel keeps.
+
+Masked positions. With ``causal=True`` a key ``j > i`` contributes exactly nothing to row ``i`` in the
+reference, even when ``k`` or ``v`` hold NaN or inf there (e.g. uninitialised right padding): the
+scores are masked with ``masked_fill`` and ``P V`` multiplies only finite values
+(:func:`attnlib._numerics.split_nonfinite`),
+never multiplied by a 0 mask. The flash kernel skips the blocks above the diagonal (never loads them)
+but multiplies within the diagonal block, so there a non-finite *value* reaches the earlier rows of
+its own block: pad with zeros.
 """
 
 from __future__ import annotations
@@ -18,6 +26,7 @@ import torch
 
 from . import _validate
 from ._backend import choose_backend
+from ._numerics import acc_dtype, split_nonfinite
 
 
 def softmax_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
@@ -27,17 +36,21 @@ def softmax_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
 
     Computes in float32 (float64 for float64 inputs) so that half-precision inputs with huge
     logits stay finite. Returns ``(o [B, H, Tq, Dv] in q's dtype, lse [B, H, Tq] in float32/64)``.
+    Inputs are taken as valid: :func:`softmax_attention` checks them and then calls this.
     """
-    acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+    acc = acc_dtype(q.dtype)
     s = scale * (q.to(acc) @ k.to(acc).transpose(-1, -2))            # [B, H, Tq, Tk]
-    if causal:
-        Tq, Tk = s.shape[-2:]
-        keep = torch.ones(Tq, Tk, dtype=torch.bool, device=s.device).tril()
-        s = s.masked_fill(~keep, float("-inf"))
-    lse = torch.logsumexp(s, dim=-1)                                  # [B, H, Tq]
-    p = torch.exp(s - lse.unsqueeze(-1))                              # rows sum to 1
-    o = p @ v.to(acc)
-    return o.to(q.dtype), lse
+    if not causal:
+        lse = torch.logsumexp(s, dim=-1)                              # [B, H, Tq]
+        return (torch.exp(s - lse.unsqueeze(-1)) @ v.to(acc)).to(q.dtype), lse
+    Tq, Tk = s.shape[-2:]
+    keep = torch.ones(Tq, Tk, dtype=torch.bool, device=s.device).tril()   # j <= i
+    s = s.masked_fill(~keep, float("-inf"))
+    lse = torch.logsumexp(s, dim=-1)
+    p = torch.exp(s - lse.unsqueeze(-1))                              # rows sum to 1, 0 above the diagonal
+    # P V, but 0 * NaN is NaN: multiply v's finite part, then mark what each row really saw.
+    v_finite, poison = split_nonfinite(v.to(acc))
+    return (p @ v_finite + poison).to(q.dtype), lse
 
 
 class _TritonAttention(torch.autograd.Function):
@@ -101,9 +114,9 @@ def softmax_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
     Returns:
         ``o [B, H, Tq, Dv]`` in the inputs' dtype, or ``(o, lse)``.
     """
-    _validate.check_qkv(q, k, v, same_length=bool(causal))
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool; got {type(causal).__name__}")
+    _validate.check_qkv(q, k, v, same_length=causal)
     D = q.shape[-1]
     scale = 1.0 / math.sqrt(D) if scale is None else _validate.check_positive("scale", scale)
     if choose_backend(backend, q, why_not=_why_not_kernel(D, v.shape[-1])) == "triton":

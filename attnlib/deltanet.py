@@ -6,15 +6,16 @@ gradient descent on the regression loss ``1/2 ||S k_t - v_t||^2`` with learning 
 
     S_t = alpha_t S_{t-1} (I - beta_t k_t k_t^T) + beta_t v_t k_t^T,        o_t = S_t (scale * q_t).
 
-Three ways to compute the same outputs, selected by ``mode``:
+Three ways to compute the same outputs, selected by ``mode`` (each a reference below, named
+``delta_rule_<mode>_reference``; the modes in the same order as linear attention's):
 
+* ``"parallel"``  -- the whole sequence as one chunk: Su's closed form
+  ``O = (Q K^T . M)(I + diag(beta)(K K^T . M^-))^{-1} diag(beta) V`` (with the decay mask Gamma
+  in place of the causal masks when gated). Cost ``O(T^2 D + T^3)``: for checking, not for speed.
 * ``"recurrent"`` -- the loop above, token by token: the definition.
 * ``"chunk"``     -- the WY / UT form: per chunk of ``C`` tokens one ``C x C`` unit-lower-triangular
   solve ``T = (I + tril(diag(beta)(K K^T . Gamma), -1))^{-1} diag(beta)``, then matrix products;
   the state is carried across chunks. Cost ``O(T C D + T D^2)``.
-* ``"parallel"``  -- the whole sequence as one chunk: Su's closed form
-  ``O = (Q K^T . M)(I + diag(beta)(K K^T . M^-))^{-1} diag(beta) V`` (with the decay mask Gamma
-  in place of the causal masks when gated). Cost ``O(T^2 D + T^3)``: for checking, not for speed.
 
 ``M`` is the causal mask including the diagonal, ``M^-`` the strict one; with ``gamma_t`` the
 product of the decays up to ``t``, ``Gamma_tj = gamma_t / gamma_j`` for ``j <= t``.
@@ -24,6 +25,13 @@ unit-norm keys ``beta`` in ``[0, 2]`` keeps every eigenvalue in ``[-1, 1]``; ``b
 ``beta ||k||^2 > 2``) makes the state grow geometrically. :func:`delta_rule` refuses ``beta`` outside
 ``[0, 2]``; it does not normalise keys (as in fla, that is the model's job -- chapter 4's lab shows
 what happens when it is not done).
+
+Masked positions. In the references a position ``j > t`` contributes exactly nothing to ``o_t``, even
+when ``q, k, v, beta`` or ``g`` hold NaN or inf there (e.g. uninitialised right padding): the
+chunk and parallel forms run on the inputs' finite part and mark NaN what the recurrence would have
+made NaN (``_finite_with_poison``), never trusting a multiplication by a 0 mask. The Triton kernel
+multiplies within a chunk, so there a non-finite entry reaches the rows of its own chunk that precede
+it (not earlier chunks): pad with zeros.
 """
 
 from __future__ import annotations
@@ -34,19 +42,17 @@ import torch
 
 from . import _validate
 from ._backend import choose_backend
+from ._numerics import acc_dtype
 
-MODES = ("recurrent", "chunk", "parallel")
-
-
-def _acc_dtype(x: torch.Tensor) -> torch.dtype:
-    return torch.float64 if x.dtype == torch.float64 else torch.float32
+MODES = ("parallel", "recurrent", "chunk")
+KERNEL_CHUNK_SIZES = (16, 128)
 
 
 # --------------------------------------------------------------------------------------------------
 # References: plain PyTorch, in the book's notation. Inputs are assumed valid (see delta_rule).
 # --------------------------------------------------------------------------------------------------
 
-def delta_rule_recurrent(q, k, v, beta, g=None, *, scale: float, initial_state=None):
+def delta_rule_recurrent_reference(q, k, v, beta, g=None, *, scale: float, initial_state=None):
     """The definition, token by token.  ``q, k: [B, H, T, D]``, ``v: [B, H, T, Dv]``,
     ``beta, g: [B, H, T]``, ``initial_state: [B, H, Dv, D]`` or None.
 
@@ -58,7 +64,7 @@ def delta_rule_recurrent(q, k, v, beta, g=None, *, scale: float, initial_state=N
 def _recurrence(q, k, v, beta, g, *, scale, initial_state, clip):
     """S_t = alpha_t S_{t-1} + beta_t c(v_t - alpha_t S_{t-1} k_t) k_t^T, o_t = S_t q_t, with c the
     identity (the delta rule) or a componentwise clip to [-clip, clip] (the Huber rule)."""
-    acc = _acc_dtype(q)
+    acc = acc_dtype(q.dtype)
     q, k, v, beta = (t.to(acc) for t in (q, k, v, beta))
     B, H, T, D = q.shape
     S = (torch.zeros(B, H, v.shape[-1], D, dtype=acc, device=q.device) if initial_state is None
@@ -102,28 +108,51 @@ def ut_transform(k, beta, g=None):
     if g is not None:
         G, Gamma = _within_chunk_decay(g)
         A = A * Gamma
-    A = torch.tril(beta.unsqueeze(-1) * A, diagonal=-1)
+    A = torch.tril(beta.unsqueeze(-1) * A, diagonal=-1)      # tril selects: what lies above is never read
     eye = torch.eye(C, dtype=k.dtype, device=k.device)
     T = torch.linalg.solve_triangular(eye + A, torch.diag_embed(beta), upper=False, unitriangular=True)
     return T, Gamma, G
 
 
+def _finite_with_poison(k, v, beta, g):
+    """The chunk and parallel forms multiply masked positions by 0 (triangular products), and
+    0 * NaN is NaN: a junk entry at position ``j`` (uninitialised padding, say) would reach rows
+    ``t < j`` that the recurrence never lets it touch. So they run on finite inputs -- ``k, v, beta,
+    g`` with non-finite entries set to 0 -- and add ``poison [B, H, T, Dv]`` to the outputs: NaN from
+    the first junk ``k_j``, ``beta_j`` or ``g_j`` on (the recurrence mixes it into every row of ``S``),
+    and in column ``d`` from the first junk ``v_jd`` on (it reaches only row ``d`` of ``S``); 0 elsewhere.
+    (A junk ``q_t`` needs nothing: it only ever meets row ``t``.)
+    """
+    gate = (k * 0).sum(-1) + beta * 0 + (0 if g is None else g * 0)             # [B, H, T]: NaN where junk
+    poison = (v * 0 + gate.unsqueeze(-1)).cumsum(-2)                             # carried down the rows
+    clean = [None if x is None else torch.nan_to_num(x, nan=0.0, posinf=0.0, neginf=0.0) for x in (k, v, beta, g)]
+    return (*clean, poison)
+
+
+def _poison_state(S, poison):
+    """The final state met what the last row met: row ``d`` of ``S`` is NaN where ``poison_{T, d}`` is."""
+    return S if poison.shape[-2] == 0 else S + poison[..., -1, :, None]
+
+
 def delta_rule_chunk_reference(q, k, v, beta, g=None, *, scale: float, chunk_size: int = 64,
                                initial_state=None):
-    """The chunkwise (WY / UT) form.  Shapes as :func:`delta_rule_recurrent`.
+    """The chunkwise (WY / UT) form.  Shapes as :func:`delta_rule_recurrent_reference`.
 
     The sequence is padded to a multiple of ``C = chunk_size`` with ``k = v = q = 0``, ``beta = 0``,
-    ``g = 0``: a padded step is the identity on the state. All chunks' ``T, W, U`` are computed at
-    once (they do not depend on the state); then one sequential pass carries ``S`` across chunks:
+    ``g = 0``: a padded step is the identity on the state (a chunk longer than the sequence is cut
+    to its length: one chunk). All chunks' ``T, W, U`` are computed at once (they do not depend on
+    the state); then one sequential pass carries ``S`` across chunks:
 
         U' = U - W S0^T
         O  = diag(gamma) Q S0^T + (Q K^T . Gamma . M) U'
         S  = gamma_C S0 + U'^T diag(gamma_C / gamma) K
+
+    Non-finite inputs are handled by :func:`_finite_with_poison`: nothing reaches a row it cannot see.
     """
-    acc = _acc_dtype(q)
+    acc = acc_dtype(q.dtype)
     B, H, T, D = q.shape
     Dv = v.shape[-1]
-    C = chunk_size
+    C = min(chunk_size, max(T, 1))
     n = max(1, -(-T // C))
     pad = n * C - T
 
@@ -133,6 +162,7 @@ def delta_rule_chunk_reference(q, k, v, beta, g=None, *, scale: float, chunk_siz
             x = torch.nn.functional.pad(x, (0, 0, 0, pad) if x.dim() == 4 else (0, pad), value=fill)
         return x.reshape(B, H, n, C, *x.shape[3:])
 
+    k, v, beta, g, poison = _finite_with_poison(k.to(acc), v.to(acc), beta.to(acc), None if g is None else g.to(acc))
     qc, kc, vc, bc = chunks(q) * scale, chunks(k), chunks(v), chunks(beta)
     gc = chunks(g) if g is not None else None
     Tm, Gamma, G = ut_transform(kc, bc, gc)                         # [B,H,n,C,C]
@@ -144,7 +174,7 @@ def delta_rule_chunk_reference(q, k, v, beta, g=None, *, scale: float, chunk_siz
     else:
         gamma = torch.exp(G)                                        # [B,H,n,C]
         Wk = Tm @ (gamma.unsqueeze(-1) * kc)                        # W = T diag(gamma) K
-        P = (qc @ kc.transpose(-1, -2)) * Gamma                     # Q K^T . Gamma (Gamma is lower)
+        P = (qc @ kc.transpose(-1, -2)).masked_fill(~causal, 0.0) * Gamma   # Q K^T . Gamma . M
         Qs = gamma.unsqueeze(-1) * qc                               # diag(gamma) Q
         Kend = torch.exp(G[..., -1:] - G).unsqueeze(-1) * kc        # diag(gamma_C / gamma) K
         dec = gamma[..., -1]                                        # gamma_C per chunk, [B,H,n]
@@ -159,7 +189,7 @@ def delta_rule_chunk_reference(q, k, v, beta, g=None, *, scale: float, chunk_siz
         S_dec = S if dec is None else dec[:, :, i, None, None] * S
         S = S_dec + Ui.transpose(-1, -2) @ Kend[:, :, i]
     o = torch.stack(outs, dim=2).reshape(B, H, n * C, Dv)[:, :, :T]
-    return o, S
+    return o + poison, _poison_state(S, poison)
 
 
 def delta_rule_parallel_reference(q, k, v, beta, g=None, *, scale: float, initial_state=None):
@@ -170,29 +200,31 @@ def delta_rule_parallel_reference(q, k, v, beta, g=None, *, scale: float, initia
 
     which for ``g = None`` and ``S0 = 0`` is ``(Q K^T . M)(I + diag(beta)(K K^T . M^-))^{-1} diag(beta) V``.
     It is the chunk form with a single chunk of length T. Memory and time ``O(T^2 D + T^3)``.
+    Non-finite inputs are handled by :func:`_finite_with_poison`.
     """
     T = q.shape[2]
     if T == 0:
-        return delta_rule_recurrent(q, k, v, beta, g, scale=scale, initial_state=initial_state)
-    acc = _acc_dtype(q)
-    qs, kk, vv, bb = q.to(acc) * scale, k.to(acc), v.to(acc), beta.to(acc)
-    gg = g.to(acc) if g is not None else None
+        return delta_rule_recurrent_reference(q, k, v, beta, g, scale=scale, initial_state=initial_state)
+    acc = acc_dtype(q.dtype)
+    kk, vv, bb, gg, poison = _finite_with_poison(k.to(acc), v.to(acc), beta.to(acc),
+                                                 None if g is None else g.to(acc))
+    qs = q.to(acc) * scale
     Tm, Gamma, G = ut_transform(kk, bb, gg)
     M = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
     B, H, _, D = q.shape
     S0 = (torch.zeros(B, H, v.shape[-1], D, dtype=acc, device=q.device) if initial_state is None
           else initial_state.to(acc))
+    P = (qs @ kk.transpose(-1, -2)).masked_fill(~M, 0.0)
     if gg is None:
         gamma = torch.ones(B, H, T, dtype=acc, device=q.device)
-        P = (qs @ kk.transpose(-1, -2)).masked_fill(~M, 0.0)
     else:
         gamma = torch.exp(G)
-        P = (qs @ kk.transpose(-1, -2)) * Gamma
+        P = P * Gamma
     U = Tm @ (vv - gamma.unsqueeze(-1) * (kk @ S0.transpose(-1, -2)))
     o = gamma.unsqueeze(-1) * (qs @ S0.transpose(-1, -2)) + P @ U
     decay_end = torch.exp(G[..., -1:] - G) if gg is not None else torch.ones_like(gamma)
     S = gamma[..., -1, None, None] * S0 + U.transpose(-1, -2) @ (decay_end.unsqueeze(-1) * kk)
-    return o, S
+    return o + poison, _poison_state(S, poison)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -208,12 +240,9 @@ def _check_gate(name, x, B, H, T, ref):
         raise ValueError(f"{name} is on {x.device}; expected {ref.device} to match q")
 
 
-def _check_delta_inputs(q, k, v, beta, g, initial_state):
-    B, H, Tq, Tk, D, Dv = _validate.check_qkv(q, k, v, same_length=True)
-    if Dv == 0:
-        raise ValueError(f"v has shape {tuple(v.shape)}; expected a value dimension of at least 1")
-    _check_gate("beta", beta, B, H, Tq, q)
-    if beta.numel():
+def _check_gate_values(beta, g):
+    """``beta in [0, 2]``, ``g <= 0``, all finite. Reads the values: see :func:`_validate.checks_values`."""
+    if beta.numel() and _validate.checks_values(beta):
         if not bool(torch.isfinite(beta).all()):
             raise ValueError("beta has non-finite entries; expected finite learning rates in [0, 2]")
         lo, hi = float(beta.detach().min()), float(beta.detach().max())
@@ -221,22 +250,28 @@ def _check_delta_inputs(q, k, v, beta, g, initial_state):
             raise ValueError(
                 f"beta has entries in [{lo:.4g}, {hi:.4g}]; expected beta in [0, 2] -- beyond 2 the "
                 "transition I - beta k k^T has an eigenvalue below -1 and the state diverges "
-                "(use delta_rule_recurrent directly to study that on purpose)")
+                "(use delta_rule_recurrent_reference directly to study that on purpose)")
+    if g is not None and g.numel() and _validate.checks_values(g):
+        if not bool(torch.isfinite(g).all()):
+            raise ValueError("g has non-finite entries; expected finite log-decays g <= 0")
+        top = float(g.detach().max())
+        if top > 0:
+            raise ValueError(f"g has a positive entry ({top:.4g}); g is the log of the decay "
+                             "alpha = exp(g) in (0, 1], so expected g <= 0")
+
+
+def _check_delta_inputs(q, k, v, beta, g, initial_state, *, state_name="initial_state"):
+    """Shapes, dtypes and devices always; the values of beta and g where that is free (CPU tensors)
+    or requested (``ATTNLIB_CHECK_VALUES=1``) -- see :mod:`attnlib._validate`."""
+    B, H, Tq, Tk, D, Dv = _validate.check_qkv(q, k, v, same_length=True)
+    if Dv == 0:
+        raise ValueError(f"v has shape {tuple(v.shape)}; expected a value dimension of at least 1")
+    _check_gate("beta", beta, B, H, Tq, q)
     if g is not None:
         _check_gate("g", g, B, H, Tq, q)
-        if g.numel():
-            if not bool(torch.isfinite(g).all()):
-                raise ValueError("g has non-finite entries; expected finite log-decays g <= 0")
-            if float(g.detach().max()) > 0:
-                raise ValueError(f"g has a positive entry ({float(g.detach().max()):.4g}); g is the log of the decay "
-                                 "alpha = exp(g) in (0, 1], so expected g <= 0")
     if initial_state is not None:
-        _validate.check_tensor("initial_state", initial_state, ndim=4)
-        if tuple(initial_state.shape) != (B, H, Dv, D):
-            raise ValueError(f"initial_state has shape {tuple(initial_state.shape)}; expected "
-                             f"({B}, {H}, {Dv}, {D}) [batch, heads, Dv, D]")
-        if initial_state.device != q.device:
-            raise ValueError(f"initial_state is on {initial_state.device}; expected {q.device} to match q")
+        _validate.check_state(state_name, initial_state, q=q, shape=(B, H, Dv, D), layout="(B, H, Dv, D)")
+    _check_gate_values(beta, g)
     return B, H, Tq, D, Dv
 
 
@@ -284,13 +319,21 @@ def delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Te
         q, k: ``[B, H, T, D]``.  v: ``[B, H, T, Dv]``.  beta: ``[B, H, T]`` in ``[0, 2]``.
         g: ``[B, H, T]``, the log-decay (``<= 0``); None for plain DeltaNet.
         scale: multiplies q; None means ``1 / sqrt(D)``.
-        mode: ``"recurrent"`` | ``"chunk"`` | ``"parallel"`` -- same outputs, different algorithms
+        mode: ``"parallel"`` | ``"recurrent"`` | ``"chunk"`` -- same outputs, different algorithms
             (see the module docstring). The Triton kernel implements ``"chunk"``.
-        chunk_size: ``C``, a power of two in ``[16, 128]`` (``"chunk"`` mode).
-        initial_state: ``[B, H, Dv, D]``; the computation continues from it exactly.
-        output_final_state: also return ``S_T [B, H, Dv, D]`` (float32; float64 for float64 inputs).
+        chunk_size: ``C`` for ``mode="chunk"``, a power of two in ``[1, 4096]`` (as for
+            :func:`attnlib.linear_attention`); the Triton kernel takes ``[16, 128]``.
+        initial_state: ``[B, H, Dv, D]``, float32 (float64 for float64 inputs) -- e.g. a previous
+            call's final state; the computation continues from it exactly.
+        output_final_state: also return ``S_T [B, H, Dv, D]`` (float32; float64 for float64 inputs),
+            a new tensor even when ``T = 0``.
         backend: ``"auto"`` (the chunk kernel where it applies: CUDA, fp16/bf16/fp32,
-            ``mode="chunk"``, head dims up to 256; the reference otherwise), ``"torch"`` or ``"triton"``.
+            ``mode="chunk"``, chunk 16..128, head dims up to 256; the reference otherwise), ``"torch"``
+            or ``"triton"``.
+
+    Checks: shapes, dtypes and devices always; the values of ``beta`` (finite, in ``[0, 2]``) and ``g``
+    (finite, ``<= 0``) on CPU tensors, and on GPU tensors only with ``ATTNLIB_CHECK_VALUES=1``
+    (reading them there would synchronise the device on every call).
 
     Keys are used as given: the update is stable when ``beta_t ||k_t||^2 <= 2`` (normalise keys).
     Half-precision inputs are computed with a float32 state. Returns ``o [B, H, T, Dv]`` in q's dtype,
@@ -298,54 +341,55 @@ def delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Te
     """
     if not isinstance(mode, str) or mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}; got {mode!r}")
-    chunk_size = _validate.check_power_of_two("chunk_size", chunk_size, lo=16, hi=128)
+    chunk_size = _validate.check_chunk_size(chunk_size)
     if not isinstance(output_final_state, bool):
         raise TypeError(f"output_final_state must be a bool; got {type(output_final_state).__name__}")
     B, H, T, D, Dv = _check_delta_inputs(q, k, v, beta, g, initial_state)
     scale = 1.0 / math.sqrt(D) if scale is None else _validate.check_positive("scale", scale)
+    lo, hi = KERNEL_CHUNK_SIZES
     why_not = (f"the kernel implements mode='chunk'; got mode={mode!r}" if mode != "chunk"
+               else f"the kernel takes chunk_size in [{lo}, {hi}]; got {chunk_size}" if not lo <= chunk_size <= hi
                else f"the kernel takes head dims up to 256; got D={D}, Dv={Dv}" if max(D, Dv) > 256
                else None)
     which = choose_backend(backend, q, why_not=why_not)
     if which == "triton":
         o, S = _TritonDeltaRule.apply(q, k, v, beta, g, initial_state, scale, chunk_size)
     elif mode == "recurrent":
-        o, S = delta_rule_recurrent(q, k, v, beta, g, scale=scale, initial_state=initial_state)
+        o, S = delta_rule_recurrent_reference(q, k, v, beta, g, scale=scale, initial_state=initial_state)
     elif mode == "chunk":
         o, S = delta_rule_chunk_reference(q, k, v, beta, g, scale=scale, chunk_size=chunk_size,
                                           initial_state=initial_state)
     else:
         o, S = delta_rule_parallel_reference(q, k, v, beta, g, scale=scale, initial_state=initial_state)
     o = o.to(q.dtype)
+    if output_final_state and initial_state is not None and S.data_ptr() == initial_state.data_ptr():
+        S = S.clone()                        # T = 0: a new tensor, never the caller's state itself
     return (o, S) if output_final_state else o
 
 
 def delta_rule_decode_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor,
                            state: torch.Tensor | None = None, *, g: torch.Tensor | None = None,
                            scale: float | None = None):
-    """One token of generation: ``q, k: [B, H, D]``, ``v: [B, H, Dv]``, ``beta, g: [B, H]``,
-    ``state: [B, H, Dv, D]`` (None = zeros). Returns ``(o [B, H, Dv], new_state)``.
+    """One token of generation, shaped as :func:`delta_rule` with ``T = 1`` (as
+    :func:`attnlib.linear_attention_decode_step`).
 
-    The same update as :func:`delta_rule` -- ``S = alpha S (I - beta k k^T) + beta v k^T``, ``o = S q`` --
-    costing ``O(D Dv)`` per token whatever the position: the state replaces the KV cache.
+    Args:
+        q, k: ``[B, H, 1, D]`` -- this token's query and key.  v: ``[B, H, 1, Dv]``.
+        beta, g: ``[B, H, 1]`` (``g`` None for plain DeltaNet).
+        state: ``[B, H, Dv, D]`` float32 (float64 for float64 inputs), or None for the first token.
+        scale: multiplies q; None means ``1 / sqrt(D)``.
+
+    Returns ``(o [B, H, 1, Dv] in q's dtype, new_state [B, H, Dv, D])``: the same update as
+    :func:`delta_rule` -- ``S = alpha S (I - beta k k^T) + beta v k^T``, ``o = S q`` -- costing
+    ``O(D Dv)`` per token whatever the position: the state replaces the KV cache.
     """
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        _validate.check_tensor(name, t, ndim=3)
-    _validate.check_same_device_dtype([("q", q), ("k", k), ("v", v)])
-    B, H, D = q.shape
-    if tuple(k.shape) != (B, H, D):
-        raise ValueError(f"k has shape {tuple(k.shape)}; expected ({B}, {H}, {D}) to match q")
-    if v.shape[:2] != (B, H):
-        raise ValueError(f"v has shape {tuple(v.shape)}; expected ({B}, {H}, *) to match q")
-    Dv = v.shape[2]
-    o, S = delta_rule(q.unsqueeze(2), k.unsqueeze(2), v.unsqueeze(2),
-                      beta.unsqueeze(2) if isinstance(beta, torch.Tensor) and beta.dim() == 2 else beta,
-                      g=g.unsqueeze(2) if isinstance(g, torch.Tensor) and g.dim() == 2 else g,
-                      scale=scale, mode="recurrent", initial_state=state, output_final_state=True,
-                      backend="torch")
-    if S.shape[-2] != Dv:  # pragma: no cover - guarded by delta_rule's checks
-        raise AssertionError
-    return o.squeeze(2), S
+    B, H, T, D, Dv = _check_delta_inputs(q, k, v, beta, g, state, state_name="state")
+    if T != 1:
+        raise ValueError(f"q has shape {tuple(q.shape)}; the decode step takes one token: expected "
+                         f"[B, H, 1, D]")
+    scale = 1.0 / math.sqrt(D) if scale is None else _validate.check_positive("scale", scale)
+    o, S = delta_rule_recurrent_reference(q, k, v, beta, g, scale=scale, initial_state=state)
+    return o.to(q.dtype), S
 
 
 def huber_delta_rule_recurrent(q, k, v, beta, *, delta: float, scale: float, initial_state=None,
@@ -356,7 +400,7 @@ def huber_delta_rule_recurrent(q, k, v, beta, *, delta: float, scale: float, ini
     delta) k_t^T``: errors larger than ``delta`` move the state by at most ``beta delta`` per component,
     so one corrupted value cannot wipe the memory. For ``delta -> inf`` it is the delta rule. The clip
     makes the update nonlinear in ``S``: there is no WY / chunk form, only this loop.
-    Shapes as :func:`delta_rule_recurrent`; returns ``o`` (and ``S_T`` with ``return_state``).
+    Shapes as :func:`delta_rule_recurrent_reference`; returns ``o`` (and ``S_T`` with ``return_state``).
     """
     o, S = _recurrence(q, k, v, beta, None, scale=scale, initial_state=initial_state, clip=delta)
     return (o, S) if return_state else o

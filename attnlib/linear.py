@@ -9,7 +9,8 @@ time, gives a recurrence with a fixed-size state (the book's convention: ``S`` i
 
     S_t = S_{t-1} + v_t k_t^T,      o_t = S_t q_t.
 
-Three ways to compute the same thing, each a short reference below:
+Three ways to compute the same thing, each a short reference below (``linear_attention_<mode>_reference``;
+the modes in the same order as DeltaNet's):
 
 * ``parallel``  -- the masked quadratic form ``O = (Q K^T . M) V`` (M: causal mask, diagonal kept);
 * ``recurrent`` -- the loop above (an RNN whose hidden state is the matrix ``S_t``);
@@ -28,6 +29,13 @@ the state (a ones column appended to ``v``), so with ``normalize=True`` the stat
 All arithmetic runs in float32 (float64 for float64 inputs), whatever the inputs' dtype: the state
 of a long half-precision sequence is a sum of thousands of outer products and would overflow or
 lose its small terms in float16.
+
+Masked positions. In the references a position ``j > t`` contributes exactly nothing to ``o_t``, even
+when ``k`` or ``v`` hold NaN or inf there (e.g. uninitialised right padding): the scores are masked
+with ``tril`` (a selection), and the masked products multiply only the finite part of ``v``, then
+mark NaN the rows that met a non-finite value (:mod:`attnlib._numerics`) -- never 0 times NaN.
+The Triton kernel multiplies within a chunk, so there a non-finite value reaches the rows of its own
+chunk that precede it (not earlier chunks): pad with zeros.
 """
 
 from __future__ import annotations
@@ -40,14 +48,12 @@ import torch.nn.functional as F
 
 from . import _validate
 from ._backend import KERNEL_DTYPES, choose_backend
+from ._numerics import acc_dtype, causal_matmul, split_nonfinite
 
 MODES = ("parallel", "recurrent", "chunk")
+KERNEL_CHUNK_SIZES = (16, 128)
 FEATURE_MAPS = ("identity", "elu1", "relu", "favor+")
 NORMALIZE_EPS = 1e-6
-
-
-def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
-    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 # ---------------------------------------------------------------------------------------------
@@ -104,7 +110,7 @@ class FavorPlus:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[-1] != self.dim:
             raise ValueError(f"FavorPlus(dim={self.dim}) got inputs of last dim {x.shape[-1]}")
-        acc = _acc_dtype(x.dtype)
+        acc = acc_dtype(x.dtype)
         x = x.to(acc)
         w = self.weight.to(device=x.device, dtype=acc)
         return torch.exp(x @ w.T - 0.5 * (x * x).sum(-1, keepdim=True)) / math.sqrt(self.num_features)
@@ -147,12 +153,10 @@ def resolve_feature_map(feature_map, dim: int, feature_kwargs: dict | None = Non
 # accumulation dtype; ``S0`` is ``[B, H, Dv, D]`` or None. Each returns ``(o, S_T)``.
 # ---------------------------------------------------------------------------------------------
 
-def linear_attention_parallel(q, k, v, S0=None, *, causal: bool = True):
+def linear_attention_parallel_reference(q, k, v, S0=None, *, causal: bool = True):
     """``O = (Q K^T . M) V + Q S0^T``,  ``S_T = S0 + V^T K``.  O(T^2 D): the quadratic form."""
     a = q @ k.transpose(-1, -2)                               # [B, H, T, T] scores, no softmax
-    if causal:
-        a = a.tril()                                          # M: keep j <= t
-    o = a @ v
+    o = causal_matmul(a, v) if causal else a @ v              # M: keep j <= t
     S = v.transpose(-1, -2) @ k                               # sum_j v_j k_j^T  [B, H, Dv, D]
     if S0 is not None:
         o = o + q @ S0.transpose(-1, -2)
@@ -160,7 +164,7 @@ def linear_attention_parallel(q, k, v, S0=None, *, causal: bool = True):
     return o, S
 
 
-def linear_attention_recurrent(q, k, v, S0=None, *, causal: bool = True):
+def linear_attention_recurrent_reference(q, k, v, S0=None, *, causal: bool = True):
     """``S_t = S_{t-1} + v_t k_t^T``, ``o_t = S_t q_t``: the RNN. O(T D^2), one token at a time.
 
     Non-causal: every query reads the final state, ``o_t = S_T q_t``.
@@ -177,7 +181,7 @@ def linear_attention_recurrent(q, k, v, S0=None, *, causal: bool = True):
     return o, S
 
 
-def linear_attention_chunk(q, k, v, S0=None, *, causal: bool = True, chunk_size: int = 64):
+def linear_attention_chunk_reference(q, k, v, S0=None, *, causal: bool = True, chunk_size: int = 64):
     """Chunkwise: for each chunk ``c`` of ``C`` rows, ``O_c = (Q_c K_c^T . M) V_c + Q_c S_{c-1}^T``
     (this chunk by the quadratic form, earlier chunks through the state), then
     ``S_c = S_{c-1} + V_c^T K_c``. Cost ``O(T C D + T D^2)``; memory: one state.
@@ -189,18 +193,19 @@ def linear_attention_chunk(q, k, v, S0=None, *, causal: bool = True, chunk_size:
     if not causal:                                            # no mask: the bracket moves freely
         S = S + v.transpose(-1, -2) @ k
         return q @ S.transpose(-1, -2), S
+    v_finite, poison = split_nonfinite(v)                     # the mask multiplies, and 0 * NaN is NaN
     outs = []
     for s in range(0, T, chunk_size):
         qc, kc, vc = q[:, :, s:s + chunk_size], k[:, :, s:s + chunk_size], v[:, :, s:s + chunk_size]
-        intra = (qc @ kc.transpose(-1, -2)).tril() @ vc        # inside the chunk: (Q_c K_c^T . M) V_c
+        intra = (qc @ kc.transpose(-1, -2)).tril() @ v_finite[:, :, s:s + chunk_size]   # (Q_c K_c^T . M) V_c
         outs.append(intra + qc @ S.transpose(-1, -2))          # plus everything before it: Q_c S^T
         S = S + vc.transpose(-1, -2) @ kc                      # write the chunk into the state
     o = torch.cat(outs, dim=2) if outs else q.new_zeros(B, H, 0, v.shape[-1])
-    return o, S
+    return o + poison, S                                      # NaN where a row met a non-finite value
 
 
-_REFERENCES = {"parallel": linear_attention_parallel, "recurrent": linear_attention_recurrent,
-               "chunk": linear_attention_chunk}
+_REFERENCES = {"parallel": linear_attention_parallel_reference, "recurrent": linear_attention_recurrent_reference,
+               "chunk": linear_attention_chunk_reference}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -238,12 +243,6 @@ class _TritonLinear(torch.autograd.Function):
 # Public API
 # ---------------------------------------------------------------------------------------------
 
-def _prepare(q, k, v, scale, feature_map, feature_kwargs):
-    """Validate q, k, v; return ``(phi(scale q), phi(k), D')`` in the accumulation dtype."""
-    scale, phi = _check_inputs(q, k, v, scale, feature_map, feature_kwargs)
-    return _map(q, k, scale, phi)
-
-
 def _check_inputs(q, k, v, scale, feature_map, feature_kwargs):
     """Validate q, k, v and the scale; return ``(scale, phi)`` (``phi`` None for the identity)."""
     _validate.check_qkv(q, k, v, same_length=True)
@@ -254,7 +253,7 @@ def _check_inputs(q, k, v, scale, feature_map, feature_kwargs):
 
 def _map(q, k, scale, phi):
     """``(phi(scale q), phi(k), D')`` in the accumulation dtype, with the map's output checked."""
-    acc = _acc_dtype(q.dtype)
+    acc = acc_dtype(q.dtype)
     qf, kf = q.to(acc) * scale, k.to(acc)
     if phi is not None:
         qf, kf = phi(qf), phi(kf)
@@ -272,18 +271,9 @@ def _map(q, k, scale, phi):
 def _check_state(name, state, q, v, Dphi, normalize):
     B, H = q.shape[:2]
     rows = v.shape[-1] + (1 if normalize else 0)
-    acc = _acc_dtype(q.dtype)
-    _validate.check_tensor(name, state, ndim=4, dtypes=None)
-    if state.dtype != acc:
-        raise TypeError(f"{name} has dtype {str(state.dtype).replace('torch.', '')}; expected "
-                        f"{str(acc).replace('torch.', '')} (the state is accumulated in "
-                        f"{str(acc).replace('torch.', '')} for {str(q.dtype).replace('torch.', '')} inputs)")
-    if tuple(state.shape) != (B, H, rows, Dphi):
-        extra = " (normalize=True carries the normaliser z as one extra row)" if normalize else ""
-        raise ValueError(f"{name} has shape {tuple(state.shape)}; expected {(B, H, rows, Dphi)} "
-                         f"= (B, H, Dv{' + 1' if normalize else ''}, D'){extra}")
-    if state.device != q.device:
-        raise ValueError(f"{name} is on {state.device}; expected {q.device} to match q")
+    layout = ("(B, H, Dv + 1, D') (normalize=True carries the normaliser z as one extra row)" if normalize
+              else "(B, H, Dv, D')")
+    _validate.check_state(name, state, q=q, shape=(B, H, rows, Dphi), layout=layout)
 
 
 def _augment(v, normalize):
@@ -319,7 +309,7 @@ def linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
             16..128.
         initial_state: ``S_0`` of shape ``[B, H, Dv (+1), D']``, float32 (float64 for float64
             inputs) -- e.g. a previous call's final state, which continues that sequence exactly.
-        output_final_state: also return ``S_T`` (float32 / float64).
+        output_final_state: also return ``S_T`` (float32 / float64), a new tensor even when ``T = 0``.
         backend: ``"auto"`` (the Triton chunk kernel for CUDA tensors when it applies: ``mode="chunk"``,
             fp16/bf16/fp32, chunk 16..128, dims up to 256; the reference otherwise), ``"torch"`` or
             ``"triton"`` (``mode="chunk"`` only).
@@ -333,10 +323,11 @@ def linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
                        ("output_final_state", output_final_state)):
         if not isinstance(flag, bool):
             raise TypeError(f"{name} must be a bool; got {type(flag).__name__}")
-    chunk_size = _validate.check_power_of_two("chunk_size", chunk_size, lo=1, hi=4096)
+    chunk_size = _validate.check_chunk_size(chunk_size)
     scale, phi = _check_inputs(q, k, v, scale, feature_map, feature_kwargs)
+    lo, hi = KERNEL_CHUNK_SIZES
     why_not = (f"the kernel implements mode='chunk'; got mode={mode!r}" if mode != "chunk"
-               else f"the kernel takes chunk_size in [16, 128]; got {chunk_size}" if not 16 <= chunk_size <= 128
+               else f"the kernel takes chunk_size in [{lo}, {hi}]; got {chunk_size}" if not lo <= chunk_size <= hi
                else None)
     # The kernel scales q itself: with the identity map, q and k go to it untouched.
     identity_to_kernel = phi is None and backend != "torch" and q.dtype in KERNEL_DTYPES
@@ -360,10 +351,12 @@ def linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
     else:
         if identity_to_kernel:                                 # "auto" chose the reference after all
             qf, kf, Dphi = _map(q, k, scale, phi)
-        acc = _acc_dtype(q.dtype)
+        acc = acc_dtype(q.dtype)
         o, S = _REFERENCES[mode](qf, kf, _augment(v.to(acc), normalize), initial_state,
                                  causal=causal, **({"chunk_size": chunk_size} if mode == "chunk" else {}))
-    o = _split_normaliser(o.to(_acc_dtype(q.dtype)), normalize).to(q.dtype)
+    o = _split_normaliser(o.to(acc_dtype(q.dtype)), normalize).to(q.dtype)
+    if output_final_state and initial_state is not None and S.data_ptr() == initial_state.data_ptr():
+        S = S.clone()                        # T = 0: a new tensor, never the caller's state itself
     return (o, S) if output_final_state else o
 
 
@@ -373,6 +366,8 @@ def linear_attention_decode_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
                                  normalize: bool = False):
     """One generated token: ``S <- S + v phi(k)^T``, ``o = S phi(scale q)``. O(Dv D), whatever t is.
 
+    Shaped as :func:`linear_attention` with ``T = 1`` (as :func:`attnlib.delta_rule_decode_step`).
+
     Args:
         q, k: ``[B, H, 1, D]`` -- this token's query and key.  v: ``[B, H, 1, Dv]``.
         state: ``[B, H, Dv (+1 if normalize), D']`` float32 (float64 for float64 inputs), or
@@ -381,13 +376,14 @@ def linear_attention_decode_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     Returns:
         ``(o [B, H, 1, Dv] in q's dtype, new_state)``.
     """
-    if q.dim() == 4 and q.shape[2] != 1:
-        raise ValueError(f"q has shape {tuple(q.shape)}; the decode step takes one token: "
-                         "expected [B, H, 1, D]")
     if not isinstance(normalize, bool):
         raise TypeError(f"normalize must be a bool; got {type(normalize).__name__}")
-    qf, kf, Dphi = _prepare(q, k, v, scale, feature_map, feature_kwargs)
-    acc = _acc_dtype(q.dtype)
+    scale, phi = _check_inputs(q, k, v, scale, feature_map, feature_kwargs)
+    if q.shape[2] != 1:
+        raise ValueError(f"q has shape {tuple(q.shape)}; the decode step takes one token: "
+                         "expected [B, H, 1, D]")
+    qf, kf, Dphi = _map(q, k, scale, phi)
+    acc = acc_dtype(q.dtype)
     vf = _augment(v.to(acc), normalize)
     if state is None:
         state = qf.new_zeros(q.shape[0], q.shape[1], vf.shape[-1], Dphi)
@@ -523,8 +519,8 @@ def crossover_length(lengths, t_softmax, t_linear) -> float:
     return math.exp(lo + frac * (hi - lo))
 
 
-__all__ = ["linear_attention", "linear_attention_decode_step", "linear_attention_parallel",
-           "linear_attention_recurrent", "linear_attention_chunk", "FavorPlus", "elu1", "relu",
+__all__ = ["linear_attention", "linear_attention_decode_step", "linear_attention_parallel_reference",
+           "linear_attention_recurrent_reference", "linear_attention_chunk_reference", "FavorPlus", "elu1", "relu",
            "resolve_feature_map", "kv_cache_bytes", "state_bytes", "associative_recall",
            "cpu_time_ms", "measure_scaling", "fit_power_law", "crossover_length", "MODES",
            "FEATURE_MAPS"]

@@ -80,11 +80,28 @@ def _check_M(M) -> float:
 
 
 def _check_int(name: str, value, lo: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int; got {type(value).__name__}")
-    if value < lo:
-        raise ValueError(f"{name} must be >= {lo}; got {value}")
-    return value
+    return _validate.check_int(name, value, lo=lo)
+
+
+def _check_float_dtype(dtype) -> torch.dtype:
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(f"dtype must be a floating-point torch.dtype (the vectors are scaled by "
+                        f"sqrt(M)); got {dtype!r}")
+    return dtype
+
+
+def _check_direction(name: str, x, d: int) -> torch.Tensor:
+    """A direction in ``R^d``: a finite, non-zero vector of shape ``[d]``, returned unit-norm in float64."""
+    _validate.check_tensor(name, x, ndim=1)
+    if tuple(x.shape) != (d,):
+        raise ValueError(f"{name} has shape {tuple(x.shape)}; expected ({d},) = [d]")
+    x = x.to(_ACC)
+    if not torch.isfinite(x).all():
+        raise ValueError(f"{name} has non-finite entries; expected a finite direction")
+    n = x.norm()
+    if not n > 0:
+        raise ValueError(f"{name} is the zero vector; expected a non-zero direction")
+    return x / n
 
 
 def plant(T: int, d: int, i: int, j: int, M: float, *, scale: float | None = None,
@@ -101,11 +118,18 @@ def plant(T: int, d: int, i: int, j: int, M: float, *, scale: float | None = Non
     """
     T, d = _check_int("T", T, 2), _check_int("d", d, 1)
     M = _check_M(M)
-    if not (0 <= i < T and 0 <= j < T):
+    i, j = _check_int("i", i, 0), _check_int("j", j, 0)
+    if not (i < T and j < T):
         raise ValueError(f"the planted pair (i={i}, j={j}) must lie in [0, {T})")
+    dtype = _check_float_dtype(dtype)
     scale = 1.0 / math.sqrt(d) if scale is None else _validate.check_positive("scale", scale)
-    u = torch.eye(d, dtype=_ACC)[0] if u is None else u.to(_ACC) / u.to(_ACC).norm()
-    w = u if w is None else w.to(_ACC) / w.to(_ACC).norm()
+    u = torch.eye(d, dtype=_ACC)[0] if u is None else _check_direction("u", u, d)
+    w = u if w is None else _check_direction("w", w, d)
+    for name, hay in (("haystack_k", haystack_k), ("haystack_q", haystack_q)):
+        if hay is not None:
+            _validate.check_tensor(name, hay, ndim=2)
+            if tuple(hay.shape) != (T, d):
+                raise ValueError(f"{name} has shape {tuple(hay.shape)}; expected ({T}, {d}) = [T, d]")
     cos = float(u @ w)
     if cos <= 0:
         raise ValueError(f"u and w must have a positive inner product; got u.w = {cos:.3g}")
@@ -131,14 +155,35 @@ def exact_rows(case: Case) -> torch.Tensor:
     return o[0, 0]
 
 
+def _check_score(M) -> float:
+    """A needle score for the closed forms: any finite real (``M <= 0`` is a needle that loses)."""
+    if isinstance(M, bool) or not isinstance(M, (int, float)):
+        raise TypeError(f"M must be a number; got {type(M).__name__}")
+    if not math.isfinite(M):
+        raise ValueError(f"M must be a finite number (the needle's score); got {M!r}")
+    return float(M)
+
+
 def needle_mass(T: int, M: float) -> float:
-    """``pi(M) = e^M / (e^M + T - 1)``: the weight the exact row puts on the needle."""
-    return 1.0 / (1.0 + (T - 1) * math.exp(-M)) if M < 700 else 1.0
+    """``pi(M) = e^M / (e^M + T - 1)``: the weight the exact row puts on the needle (``T >= 1`` keys,
+    any finite ``M``). Evaluated as the logistic function of ``M - log(T - 1)``, which neither
+    overflows nor loses the small masses."""
+    T, M = _check_int("T", T, 1), _check_score(M)
+    if T == 1:
+        return 1.0                                          # the needle is the only key
+    x = M - math.log(T - 1)
+    return 1.0 / (1.0 + math.exp(-x)) if x >= 0 else math.exp(x) / (1.0 + math.exp(x))
 
 
 def uniform_miss_error(T: int, n_seen: int, M: float) -> float:
     """L1 error on the planted row of an algorithm that averages uniformly over ``n_seen`` keys,
-    none of them the needle, all with score 0: ``2 - 2 (1 - pi) n_seen / (T - 1)``."""
+    none of them the needle, all with score 0: ``2 - 2 (1 - pi) n_seen / (T - 1)``.
+
+    Needs ``T >= 2`` (a needle and a haystack) and ``0 <= n_seen <= T - 1``."""
+    T = _check_int("T", T, 2)
+    n_seen = _check_int("n_seen", n_seen, 0)
+    if n_seen > T - 1:
+        raise ValueError(f"n_seen must be <= T - 1 = {T - 1} (the keys other than the needle); got {n_seen}")
     return 2.0 - 2.0 * (1.0 - needle_mass(T, M)) * n_seen / (T - 1)
 
 
@@ -169,6 +214,17 @@ def _masked_attention(q, k, v, mask, scale):
     lse = torch.logsumexp(s, -1, keepdim=True)
     lse = torch.where(torch.isneginf(lse), torch.zeros_like(lse), lse)
     return torch.exp(s - lse) @ v.to(_ACC)
+
+
+def _offsets(T: int) -> torch.Tensor:
+    """``[T, T]`` matrix of ``i - j`` (query minus key position): the patterns are read off it."""
+    idx = torch.arange(T)
+    return idx[:, None] - idx[None, :]
+
+
+def _sqrt_T(T: int) -> int:
+    """``ceil(sqrt(T))``: the default band, stride and screen width, which keep the work ``O(T^1.5)``."""
+    return math.ceil(math.sqrt(T))
 
 
 def _pick_unseen(probes: torch.Tensor, i: int, what: str, T: int) -> int:
@@ -247,11 +303,10 @@ class SlidingWindow(Algorithm):
 
     def __init__(self, *, T, d, seed=0, window: int | None = None):
         super().__init__(T=T, d=d, seed=seed)
-        self.window = _check_int("window", window if window is not None else math.ceil(math.sqrt(T)), 0)
+        self.window = _check_int("window", _sqrt_T(T) if window is None else window, 0)
 
     def _mask(self, q2, k2):
-        idx = torch.arange(self.T)
-        return (idx[:, None] - idx[None, :]).abs() <= self.window
+        return _offsets(self.T).abs() <= self.window
 
 
 class Strided(Algorithm):
@@ -262,11 +317,10 @@ class Strided(Algorithm):
 
     def __init__(self, *, T, d, seed=0, stride: int | None = None):
         super().__init__(T=T, d=d, seed=seed)
-        self.stride = _check_int("stride", stride if stride is not None else math.ceil(math.sqrt(T)), 1)
+        self.stride = _check_int("stride", _sqrt_T(T) if stride is None else stride, 1)
 
     def _mask(self, q2, k2):
-        idx = torch.arange(self.T)
-        diff = idx[:, None] - idx[None, :]
+        diff = _offsets(self.T)
         return (diff.abs() < self.stride) | (diff % self.stride == 0)
 
 
@@ -279,7 +333,7 @@ class RandomKeys(Algorithm):
 
     def __init__(self, *, T, d, seed=0, n_samples: int | None = None):
         super().__init__(T=T, d=d, seed=seed)
-        s = n_samples if n_samples is not None else 2 * math.ceil(math.sqrt(T))
+        s = n_samples if n_samples is not None else 2 * _sqrt_T(T)
         self.n_samples = min(_check_int("n_samples", s, 1), T)
         g = torch.Generator().manual_seed(seed)
         idx = torch.rand(T, T, generator=g).argsort(-1)[:, :self.n_samples]
@@ -564,13 +618,12 @@ class NormScreen(Algorithm):
 
     def __init__(self, *, T, d, seed=0, window: int | None = None, top_c: int | None = None):
         super().__init__(T=T, d=d, seed=seed)
-        r = math.ceil(math.sqrt(T))
+        r = _sqrt_T(T)
         self.window = _check_int("window", window if window is not None else r, 0)
         self.top_c = min(_check_int("top_c", top_c if top_c is not None else r, 1), T)
 
     def _mask(self, q2, k2):
-        idx = torch.arange(self.T)
-        band = (idx[:, None] - idx[None, :]).abs() <= self.window
+        band = _offsets(self.T).abs() <= self.window
         norms = k2.to(_ACC).norm(dim=-1)
         top = torch.sort(norms, descending=True, stable=True).indices[:self.top_c]
         big = torch.zeros(self.T, dtype=torch.bool)
@@ -624,7 +677,10 @@ def make(name: str, *, T: int, d: int = 16, seed: int = 0, **kwargs) -> Algorith
 def bounded_case(T: int, d: int, beta: float, *, seed: int = 0, dtype=torch.float32):
     """Random inputs whose scores are bounded: ``q_i, k_j`` uniform on spheres of radius
     ``sqrt(beta / scale)``, so ``|scale q_i . k_j| <= beta`` (Cauchy-Schwarz); values ``v ~ N(0, 1)``.
-    Returns ``(q, k, v)`` of shape ``[1, 1, T, d]``."""
+    Returns ``(q, k, v)`` of shape ``[1, 1, T, d]`` in ``dtype`` (a floating-point dtype)."""
+    T, d = _check_int("T", T, 1), _check_int("d", d, 1)
+    seed = _check_int("seed", seed, 0)
+    dtype = _check_float_dtype(dtype)
     beta = _validate.check_positive("beta", beta)
     g = torch.Generator().manual_seed(seed)
     scale = 1.0 / math.sqrt(d)

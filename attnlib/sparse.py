@@ -11,6 +11,13 @@ Chapter 2 plants its needle outside ``S_i``.
 
 Empty rows. A query whose ``S_i`` is empty gets ``o_i = 0`` and ``lse_i = -inf`` (the log of an empty
 sum), in the reference and in the kernel alike -- never NaN.
+
+Masked positions. In the reference a key outside ``S_i`` contributes exactly nothing to row ``i``, even
+when ``k`` or ``v`` hold NaN or inf there: the scores are masked with ``masked_fill`` and ``P V`` with
+:func:`attnlib._numerics.masked_matmul`, never multiplied by a 0 mask. The kernel never loads a block
+that ``block_mask`` does not visit, but multiplies within a visited block, so there a non-finite *value*
+at a masked position can reach the rows of its query block -- with ``causal=True`` also from a visited
+key block above the diagonal (give a causal mask, ``block_mask.tril()``, or pad with zeros).
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ import torch
 
 from . import _validate
 from ._backend import choose_backend
+from ._numerics import acc_dtype, masked_matmul
 
 
 def n_blocks(T: int, block_size: int) -> int:
@@ -56,7 +64,7 @@ def block_sparse_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.
     Computes in float32 (float64 for float64 inputs). Returns ``(o [B, H, Tq, Dv] in q's dtype,
     lse [B, H, Tq])``; rows with no visited key give ``o = 0``, ``lse = -inf``.
     """
-    acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+    acc = acc_dtype(q.dtype)
     Tq, Tk = q.shape[2], k.shape[2]
     keep = expand_block_mask(block_mask, block_size, Tq, Tk)                   # [H, Tq, Tk]
     if causal:
@@ -66,7 +74,7 @@ def block_sparse_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.
     lse = torch.logsumexp(s, dim=-1)                                           # -inf on empty rows
     lse_safe = torch.where(torch.isneginf(lse), torch.zeros_like(lse), lse)
     p = torch.exp(s - lse_safe.unsqueeze(-1))                                  # empty rows: all 0
-    o = p @ v.to(acc)
+    o = masked_matmul(p, keep, v.to(acc))                                      # only j in S_i, even NaN
     return o.to(q.dtype), lse
 
 
@@ -90,9 +98,9 @@ def block_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     Returns:
         ``o [B, H, Tq, Dv]`` (zeros on rows with no visited key), or ``(o, lse)``.
     """
-    B, H, Tq, Tk, D, Dv = _validate.check_qkv(q, k, v, same_length=bool(causal))
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool; got {type(causal).__name__}")
+    B, H, Tq, Tk, D, Dv = _validate.check_qkv(q, k, v, same_length=causal)
     _validate.check_power_of_two("block_size", block_size, lo=1, hi=1024)
     _check_block_mask(block_mask, H=H, Tq=Tq, Tk=Tk, block_size=block_size, device=q.device)
     scale = 1.0 / math.sqrt(D) if scale is None else _validate.check_positive("scale", scale)

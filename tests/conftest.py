@@ -6,13 +6,8 @@ import os
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import pytest  # noqa: E402
-import torch  # noqa: E402
 
-
-def rel_rms(a: torch.Tensor, b: torch.Tensor) -> float:
-    """Relative RMS error ``||a - b|| / ||b||`` in float64 (the tolerance measure used throughout)."""
-    a, b = a.double(), b.double()
-    return ((a - b).norm() / b.norm().clamp_min(1e-300)).item()
+from attnlib.metrics import rel_rms  # noqa: E402  (the tolerance measure used throughout)
 
 
 @pytest.fixture

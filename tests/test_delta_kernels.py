@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from attnlib import delta_rule
-from attnlib.deltanet import delta_rule_recurrent
+from attnlib.deltanet import delta_rule_recurrent_reference
 from attnlib.kernels.common.cumsum import chunk_cumsum
 from attnlib.kernels.common.solve_tril import solve_tril
 from attnlib.kernels.delta import delta_rule_chunk_backward, delta_rule_chunk_forward
@@ -96,7 +96,7 @@ def check_against_recurrence(T, D, Dv, chunk, block_v, gated, gate, rel_err):
     q, k, v, beta, g, S0, do, dS = inputs(2, 1, T, D, Dv, gated=gated, seed=T + D, gate=gate)
     ins = [t.clone().requires_grad_() for t in (q, k, v, beta, S0)]
     gg = g.clone().requires_grad_() if gated else None
-    o_r, S_r = delta_rule_recurrent(*ins[:4], gg, scale=0.7, initial_state=ins[4])
+    o_r, S_r = delta_rule_recurrent_reference(*ins[:4], gg, scale=0.7, initial_state=ins[4])
     want = torch.autograd.grad([o_r, S_r], ins + ([gg] if gated else []), [do, dS])
     o, S, saved = delta_rule_chunk_forward(*map(f32, (q, k, v, beta, g)), scale=0.7, chunk_size=chunk,
                                            initial_state=f32(S0), block_v=block_v)

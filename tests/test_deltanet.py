@@ -15,7 +15,7 @@ import attnlib
 from attnlib.deltanet import (
     delta_rule,
     delta_rule_decode_step,
-    delta_rule_recurrent,
+    delta_rule_recurrent_reference,
     huber_delta_rule_recurrent,
     ut_transform,
 )
@@ -89,9 +89,11 @@ def test_decode_steps_reproduce_the_sequence(rel_err):
     o_seq, S_seq = delta_rule(q, k, v, beta, g=g, output_final_state=True)
     S, outs = None, []
     for t in range(12):
-        o_t, S = delta_rule_decode_step(q[:, :, t], k[:, :, t], v[:, :, t], beta[:, :, t], S, g=g[:, :, t])
+        one = slice(t, t + 1)
+        o_t, S = delta_rule_decode_step(q[:, :, one], k[:, :, one], v[:, :, one], beta[:, :, one], S,
+                                        g=g[:, :, one])
         outs.append(o_t)
-    assert rel_err(torch.stack(outs, 2), o_seq) < 1e-12 and rel_err(S, S_seq) < 1e-12
+    assert rel_err(torch.cat(outs, 2), o_seq) < 1e-12 and rel_err(S, S_seq) < 1e-12
 
 
 def test_scale_defaults_to_inverse_sqrt_dim(rel_err):
@@ -131,8 +133,8 @@ def test_transition_eigenvalues_and_divergence_beyond_two():
         ev = torch.linalg.eigvalsh(torch.eye(6, dtype=torch.float64) - b * torch.outer(k, k))
         torch.testing.assert_close(ev.min(), torch.tensor(1 - b, dtype=torch.float64))
     q, k, v, beta, _ = make(T=400, H=1, D=4, Dv=2, seed=3)
-    _, S_ok = delta_rule_recurrent(q, k, v, torch.full_like(beta, 1.9), scale=1.0)
-    _, S_bad = delta_rule_recurrent(q, k, v, torch.full_like(beta, 2.5), scale=1.0)
+    _, S_ok = delta_rule_recurrent_reference(q, k, v, torch.full_like(beta, 1.9), scale=1.0)
+    _, S_bad = delta_rule_recurrent_reference(q, k, v, torch.full_like(beta, 2.5), scale=1.0)
     assert S_ok.norm() < 100 and S_bad.norm() > 1e6
 
 
@@ -143,7 +145,7 @@ def test_huber_delta_rule_matches_delta_rule_for_small_errors_and_clips_large_on
     assert rel_err(o_hub, o_sq) < 1e-12
     v_out = v.clone()
     v_out[:, :, 5] = 1e4                                   # one corrupted write
-    _, S_sq = delta_rule_recurrent(q, k, v_out, beta, scale=1.0)
+    _, S_sq = delta_rule_recurrent_reference(q, k, v_out, beta, scale=1.0)
     _, S_hub = huber_delta_rule_recurrent(q, k, v_out, beta, delta=1.0, scale=1.0, return_state=True)
     assert S_hub.norm() < 1e-2 * S_sq.norm()
 
@@ -245,10 +247,12 @@ def test_bad_inputs_raise_clear_errors():
         delta_rule(q, k, v.float(), beta)
     with pytest.raises(TypeError, match="beta has dtype int64"):
         delta_rule(q, k, v, beta.long())
-    with pytest.raises(ValueError, match=r"chunk_size must be a power of two in \[16, 128\]; got 48"):
+    with pytest.raises(ValueError, match=r"chunk_size must be a power of two in \[1, 4096\]; got 48"):
         delta_rule(q, k, v, beta, chunk_size=48)
-    with pytest.raises(ValueError, match=r"chunk_size must be a power of two in \[16, 128\]; got 256"):
-        delta_rule(q, k, v, beta, chunk_size=256)
+    with pytest.raises(ValueError, match=r"chunk_size must be a power of two in \[1, 4096\]; got 8192"):
+        delta_rule(q, k, v, beta, chunk_size=8192)
+    with pytest.raises(ValueError, match=r"does not apply here: the kernel takes chunk_size in \[16, 128\]; got 256"):
+        delta_rule(q.float(), k.float(), v.float(), beta.float(), chunk_size=256, backend="triton")
     with pytest.raises(ValueError, match="mode must be one of"):
         delta_rule(q, k, v, beta, mode="fast")
     with pytest.raises(ValueError, match=r"initial_state has shape \(1, 2, 8, 5\); expected \(1, 2, 5, 8\)"):

@@ -24,7 +24,7 @@ import torch
 
 import attnlib
 from attnlib.attention import softmax_attention_reference
-from attnlib.deltanet import delta_rule_recurrent
+from attnlib.deltanet import delta_rule_recurrent_reference
 from attnlib.sparse import block_sparse_attention_reference, n_blocks
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -203,9 +203,9 @@ def test_delta_rule(dtype, gated, T, D, Dv, cs):
     S0 = _randn(2, 3, Dv, D, dtype=torch.float32, seed=T + 9) * 0.1
     o, S = attnlib.delta_rule(q, k, v, beta, g=g, chunk_size=cs, initial_state=S0,
                               output_final_state=True, backend="triton")
-    o_ref, S_ref = delta_rule_recurrent(q.double(), k.double(), v.double(), beta.double(),
-                                        None if g is None else g.double(), scale=D ** -0.5,
-                                        initial_state=S0.double())
+    o_ref, S_ref = delta_rule_recurrent_reference(q.double(), k.double(), v.double(), beta.double(),
+                                                  None if g is None else g.double(), scale=D ** -0.5,
+                                                  initial_state=S0.double())
     shape = dict(T=T, D=D, Dv=Dv, gated=gated, chunk=cs)
     _check("delta_rule", dtype, o, o_ref, **shape)
     _check("delta_rule.state", dtype, S, S_ref, tol=max(TOL[dtype], 1e-4), **shape)

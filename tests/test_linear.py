@@ -17,8 +17,8 @@ from attnlib.linear import (
     associative_recall,
     elu1,
     kv_cache_bytes,
-    linear_attention_chunk,
-    linear_attention_parallel,
+    linear_attention_chunk_reference,
+    linear_attention_parallel_reference,
     state_bytes,
 )
 
@@ -80,8 +80,8 @@ def test_final_state_is_the_sum_of_outer_products():
 def test_associativity_parallel_equals_chunk_for_all_shapes(T, D, Dv, log_chunk, seed):
     q, k, v = qkv(1, 2, T, D, Dv, seed=seed)
     for causal in (True, False):
-        o_p, S_p = linear_attention_parallel(q, k, v, causal=causal)
-        o_c, S_c = linear_attention_chunk(q, k, v, causal=causal, chunk_size=2 ** log_chunk)
+        o_p, S_p = linear_attention_parallel_reference(q, k, v, causal=causal)
+        o_c, S_c = linear_attention_chunk_reference(q, k, v, causal=causal, chunk_size=2 ** log_chunk)
         assert torch.allclose(o_p, o_c, atol=1e-10, rtol=1e-10)
         assert torch.allclose(S_p, S_c, atol=1e-10, rtol=1e-10)
 

@@ -11,7 +11,7 @@ import torch
 
 from attnlib import linear_attention
 from attnlib.kernels.linear import linear_chunk_backward, linear_chunk_forward
-from attnlib.linear import linear_attention_recurrent
+from attnlib.linear import linear_attention_recurrent_reference
 
 F64 = torch.float64
 TOL = 2e-5
@@ -30,7 +30,7 @@ def inputs(B, H, T, D, Dv, seed):
 def reference_grads(q, k, v, S0, do, dS, *, scale, causal):
     """Float64 outputs and gradients of the recurrence (the definition), by autograd."""
     ins = [t.clone().requires_grad_() for t in (q, k, v, S0)]
-    o, S = linear_attention_recurrent(ins[0] * scale, ins[1], ins[2], ins[3], causal=causal)
+    o, S = linear_attention_recurrent_reference(ins[0] * scale, ins[1], ins[2], ins[3], causal=causal)
     return o, S, torch.autograd.grad([o, S], ins, [do, dS])
 
 
