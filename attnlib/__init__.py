@@ -7,6 +7,7 @@ and a Triton kernel, behind one function with ``backend="auto" | "torch" | "trit
 from . import eot, needle
 from .attention import softmax_attention, softmax_attention_reference
 from .deltanet import delta_rule, delta_rule_decode_step
+from .grassmann import CausalGrassmannMixing, plucker, plucker_features, plucker_projection
 from .linear import linear_attention, linear_attention_decode_step
 from .sparse import block_sparse_attention
 
@@ -18,5 +19,6 @@ __all__ = [
     "needle", "block_sparse_attention",                   # chapter 2
     "linear_attention", "linear_attention_decode_step",   # chapter 3
     "delta_rule", "delta_rule_decode_step",               # chapter 4
+    "plucker", "plucker_features", "plucker_projection", "CausalGrassmannMixing",   # chapter 6
     "__version__",
 ]

@@ -226,3 +226,34 @@ def test_auto_backend_picks_the_kernel_on_cuda():
     from attnlib._backend import choose_backend
     assert choose_backend("auto", torch.zeros(1, device="cuda")) == "triton"
     assert math.isfinite(float(attnlib.softmax_attention(*(torch.randn(1, 1, 3, 8, device="cuda"),) * 3).sum()))
+
+
+# ---------------------------------------------------------------------------- grassmann (chapter 6)
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("L,r,d", [(1, 32, 256), (300, 32, 256), (1000, 6, 100), (257, 17, 64)])
+def test_grassmann_fused_projection(dtype, L, r, d):
+    from attnlib.grassmann import n_pairs, plucker_projection_reference
+    g = torch.Generator(device="cuda").manual_seed(L + r)
+    z = torch.randn(2, L, r, device="cuda", generator=g).to(dtype)
+    W = (torch.randn(d, n_pairs(r), device="cuda", generator=g) / n_pairs(r) ** 0.5).to(dtype)
+    offsets = (1, 2, 4, 8, 12, 16)
+    out = attnlib.plucker_projection(z, W, offsets, backend="triton")
+    ref = plucker_projection_reference(z.double(), W.double(), offsets)
+    if L == 1:
+        assert torch.equal(out, torch.zeros_like(out))
+        return
+    _check("plucker_projection", dtype, out, ref, L=L, r=r, d=d)
+
+
+def test_grassmann_fused_projection_backward():
+    from attnlib.grassmann import n_pairs
+    g = torch.Generator(device="cuda").manual_seed(7)
+    z = torch.randn(2, 500, 32, device="cuda", generator=g).requires_grad_()
+    W = torch.randn(256, n_pairs(32), device="cuda", generator=g).requires_grad_()
+    grads = []
+    for backend in ("triton", "torch"):
+        out = attnlib.plucker_projection(z, W, (1, 2, 4, 8, 12, 16), backend=backend)
+        grads.append(torch.autograd.grad(out.square().sum(), (z, W)))
+    for a, b in zip(*grads):
+        _check("plucker_projection.grad", torch.float32, a, b, L=500, r=32, d=256)
