@@ -43,6 +43,7 @@ from . import _validate
 from ._backend import choose_backend
 
 PAIRINGS = ("causal", "paper")
+MODES = ("features", "collapsed")
 NORMS = ("post", "pre")
 DEFAULT_OFFSETS = (1, 2, 4, 8, 12, 16)
 
@@ -234,6 +235,30 @@ def plucker_projection_reference(z: torch.Tensor, weight: torch.Tensor, offsets:
     return mean @ weight.to(mean.dtype).T
 
 
+def plucker_projection_collapsed(z: torch.Tensor, weight: torch.Tensor, offsets: Sequence[int], *,
+                                 eps: float = 1e-6, pairing: str = "causal") -> torch.Tensor:
+    """The same ``g`` as :func:`plucker_projection_reference`, in the kernel's order: ``p(u, .)`` is
+    linear, so the average of the offsets' normalised coordinates is one Plücker vector,
+
+        mean_delta p(z_t, z_{t-delta}) / n_delta = p(z_t, w_hat_t),
+        w_hat_t = sum_delta valid / (K_t max(n_delta, eps)) z_{t-delta},
+        n_delta^2 = ||z_t||^2 ||z_{t-delta}||^2 - (z_t . z_{t-delta})^2   (Lagrange),
+
+    and one projection follows. Never builds ``[B, L, |W|, C]``: ``O(L (|W| r + C d))`` work.
+    """
+    acc = torch.float64 if z.dtype == torch.float64 else torch.float32
+    u = z.to(acc)
+    K = valid_counts(z.shape[1], offsets, pairing=pairing, device=z.device).clamp_min(1).to(acc)
+    uu = u.square().sum(-1)
+    w_hat = torch.zeros_like(u)
+    for delta in offsets:
+        w, valid = _partner(u, delta, pairing)
+        n2 = uu * w.square().sum(-1) - (u * w).sum(-1).square()
+        n = n2.clamp_min(eps * eps).sqrt()                  # = max(||p||, eps), finite gradient at 0
+        w_hat = w_hat + (valid[None, :] / (K[None, :] * n))[..., None] * w
+    return plucker(u, w_hat) @ weight.to(acc).T
+
+
 def antisymmetric_weight(weight: torch.Tensor, r: int) -> torch.Tensor:
     """``W [d, C(r,2)] -> Wa [r, r, d]`` with ``Wa[i, j] = W[:, c(i,j)]``, ``Wa[j, i] = -W[:, c(i,j)]``
     (``i < j``), zero diagonal, so that ``W p(u, w) = sum_ij u_i w_j Wa[i, j]``. Differentiable."""
@@ -254,7 +279,8 @@ def _why_not_kernel(z: torch.Tensor, weight: torch.Tensor, pairing: str) -> str 
 
 
 def plucker_projection(z: torch.Tensor, weight: torch.Tensor, offsets: Sequence[int] = DEFAULT_OFFSETS, *,
-                       eps: float = 1e-6, pairing: str = "causal", backend: str = "auto") -> torch.Tensor:
+                       eps: float = 1e-6, pairing: str = "causal", mode: str = "features",
+                       backend: str = "auto") -> torch.Tensor:
     """The Grassmann layer's mixing signal before its bias: the average over valid offsets of the
     projected, normalised Plücker coordinates,
 
@@ -266,6 +292,9 @@ def plucker_projection(z: torch.Tensor, weight: torch.Tensor, offsets: Sequence[
         z: ``[B, L, r]`` (2 <= r).  weight: ``[d, C(r,2)]``, same dtype and device.
         offsets: distinct positive ints (any size; offsets ``>= L`` contribute nothing).
         eps: > 0.  pairing: ``"causal"`` or ``"paper"`` (reference only).
+        mode: which PyTorch reference runs when the kernel does not: ``"features"`` (the equation:
+            builds every offset's coordinates) or ``"collapsed"`` (the kernel's algorithm, one
+            Plücker vector per token; same answer, ``|W|`` times less memory).
         backend: ``"auto"`` (the fused Triton kernel on CUDA when it applies: causal pairing,
             r <= 64, d <= 4096; the reference otherwise), ``"torch"``, ``"triton"``.
 
@@ -276,6 +305,8 @@ def plucker_projection(z: torch.Tensor, weight: torch.Tensor, offsets: Sequence[
     eps = _check_eps(eps)
     if pairing not in PAIRINGS:
         raise ValueError(f"pairing must be one of {PAIRINGS}; got {pairing!r}")
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}; got {mode!r}")
     _validate.check_tensor("weight", weight, ndim=2)
     _validate.check_same_device_dtype([("z", z), ("weight", weight)])
     r = z.shape[-1]
@@ -284,7 +315,8 @@ def plucker_projection(z: torch.Tensor, weight: torch.Tensor, offsets: Sequence[
     if choose_backend(backend, z, why_not=_why_not_kernel(z, weight, pairing)) == "triton":
         from .kernels.grassmann import fused_plucker_projection
         return fused_plucker_projection(z, antisymmetric_weight(weight, r), offsets, eps)
-    return plucker_projection_reference(z, weight, offsets, eps=eps, pairing=pairing).to(z.dtype)
+    ref = plucker_projection_collapsed if mode == "collapsed" else plucker_projection_reference
+    return ref(z, weight, offsets, eps=eps, pairing=pairing).to(z.dtype)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -310,11 +342,13 @@ class CausalGrassmannMixing(nn.Module):
 
     Args: d_model >= 1; reduced_dim r >= 2 (``C(r,2)`` coordinates); offsets: distinct positive
     ints; eps > 0; pairing ``"causal"`` (or ``"paper"``: reads the future, for demonstrations);
-    backend for :func:`plucker_projection`.
+    mode and backend for :func:`plucker_projection` (the default ``"collapsed"`` reference is the
+    kernel's algorithm in PyTorch: same output, no ``[B, L, |W|, C]`` tensor).
     """
 
     def __init__(self, d_model: int, reduced_dim: int = 32, offsets: Sequence[int] = DEFAULT_OFFSETS,
-                 norm: str = "post", *, eps: float = 1e-6, pairing: str = "causal", backend: str = "auto"):
+                 norm: str = "post", *, eps: float = 1e-6, pairing: str = "causal", mode: str = "collapsed",
+                 backend: str = "auto"):
         super().__init__()
         if isinstance(d_model, bool) or not isinstance(d_model, int) or d_model < 1:
             raise ValueError(f"d_model must be a positive int; got {d_model!r}")
@@ -325,7 +359,10 @@ class CausalGrassmannMixing(nn.Module):
         if pairing not in PAIRINGS:
             raise ValueError(f"pairing must be one of {PAIRINGS}; got {pairing!r}")
         self.d_model, self.reduced_dim, self.norm_kind = d_model, reduced_dim, norm
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}; got {mode!r}")
         self.offsets, self.eps, self.pairing, self.backend = _check_offsets(offsets), _check_eps(eps), pairing, backend
+        self.mode = mode
         self.reduce = nn.Linear(d_model, reduced_dim)
         self.plu = nn.Linear(n_pairs(reduced_dim), d_model)
         self.gate = nn.Linear(2 * d_model, d_model)
@@ -335,7 +372,7 @@ class CausalGrassmannMixing(nn.Module):
         """``(z [B, L, r], g [B, L, d])`` for the layer's input ``x``."""
         z = self.reduce(x)
         g = plucker_projection(z, self.plu.weight, self.offsets, eps=self.eps, pairing=self.pairing,
-                               backend=self.backend)
+                               mode=self.mode, backend=self.backend)
         K = valid_counts(x.shape[1], self.offsets, pairing=self.pairing, device=x.device)
         g = g + self.plu.bias * (K > 0)[:, None].to(g.dtype)
         return z, g
@@ -355,5 +392,6 @@ class CausalGrassmannMixing(nn.Module):
 
 
 __all__ = ["plucker", "plucker_relations", "principal_angles", "plucker_features", "plucker_projection",
-           "plucker_projection_reference", "CausalGrassmannMixing", "valid_counts", "antisymmetric_weight",
+           "plucker_projection_reference", "plucker_projection_collapsed", "CausalGrassmannMixing", "valid_counts",
+           "antisymmetric_weight",
            "n_pairs", "pair_indices", "receptive_field"]

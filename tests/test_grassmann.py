@@ -4,6 +4,7 @@ clear error or documented behaviour."""
 
 import math
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
@@ -16,6 +17,7 @@ from attnlib.grassmann import (
     plucker,
     plucker_features,
     plucker_projection,
+    plucker_projection_collapsed,
     plucker_projection_reference,
     plucker_relations,
     principal_angles,
@@ -143,8 +145,9 @@ def test_zero_and_repeated_vectors_give_zero_features_not_nan():
     z.requires_grad_(True)
     f = plucker_features(z, (1,))
     assert torch.isfinite(f).all() and f.abs().max() == 0
-    (g,) = torch.autograd.grad(plucker_projection(z, torch.randn(5, 3), (1, 2)).sum(), z)
-    assert torch.isfinite(g).all()
+    for mode in ("features", "collapsed"):
+        (g,) = torch.autograd.grad(plucker_projection(z, torch.randn(5, 3), (1, 2), mode=mode).sum(), z)
+        assert torch.isfinite(g).all()
 
 
 def test_valid_counts():
@@ -159,6 +162,21 @@ def test_projection_reference_averages_over_valid_offsets():
     g = plucker_projection_reference(z, W, (1, 2, 4))
     assert torch.allclose(g[0, 3], (f[0, 3, 0] + f[0, 3, 1]) @ W.T / 2)
     assert torch.equal(g[0, 0], torch.zeros(5, dtype=F64))
+
+
+@FAST
+@given(st.integers(1, 12), st.integers(2, 6), st.lists(st.integers(1, 14), min_size=1, max_size=4, unique=True),
+       st.sampled_from(["causal", "paper"]), seeds)
+def test_collapsed_order_equals_the_reference_values_and_gradients(L, r, offsets, pairing, seed):
+    g = torch.Generator().manual_seed(seed)
+    z = torch.randn(2, L, r, generator=g, dtype=F64, requires_grad=True)
+    W = torch.randn(5, n_pairs(r), generator=g, dtype=F64, requires_grad=True)
+    a = plucker_projection_reference(z, W, offsets, pairing=pairing)
+    b = plucker_projection_collapsed(z, W, offsets, pairing=pairing)
+    assert torch.allclose(a, b, atol=1e-10)
+    dg = torch.randn(a.shape, generator=g, dtype=F64)
+    for x, y in zip(torch.autograd.grad(a, (z, W), dg), torch.autograd.grad(b, (z, W), dg)):
+        assert torch.allclose(x, y, atol=1e-8)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -280,6 +298,8 @@ def test_bad_shapes_and_dtypes_are_refused():
         plucker_features(torch.randn(1, 4, 3), (1,), pairing="future")
     with pytest.raises(ValueError, match="norm"):
         CausalGrassmannMixing(8, reduced_dim=3, norm="sandwich")
+    with pytest.raises(ValueError, match="mode"):
+        plucker_projection(torch.randn(1, 4, 3), torch.randn(2, 3), (1,), mode="fast")
 
 
 def test_features_have_no_kernel_and_say_so():
@@ -297,3 +317,70 @@ def test_empty_batch_and_length_zero():
         z = torch.randn(*shape)
         assert plucker_features(z, (1,)).shape == (*shape[:2], 1, 3)
         assert plucker_projection(z, torch.randn(4, 3), (1,)).shape == (*shape[:2], 4)
+
+
+# ---------------------------------------------------------------------------------------- figures
+
+def test_figures_build_with_a_frame_per_r_and_offset():
+    from attnlib.widgets.grassmann import features_figure, pair_figure, planes_figure
+    fig = planes_figure([(np.array([1.0, 0, 0]), np.array([0, 1.0, 0]))])
+    assert "p = (1.00, 0.00, 0.00)" in fig.layout.title.text              # e0 ^ e1: only p_01
+    z = torch.randn(12, 5, dtype=F64)
+    fig = features_figure(z, [3, 5], [1, 4])
+    assert len(fig.frames) == 4 and len(fig.layout.sliders[0].steps) == 4
+    assert np.allclose(np.asarray(fig.frames[1].data[0].z)[:4], 0)         # delta = 4: no partner for t < 4
+    layer = CausalGrassmannMixing(8, reduced_dim=4, offsets=(1, 2))
+    fig = pair_figure(layer, torch.randn(1, 6, 8), 5, 2)
+    assert len(fig.data) == 6
+    with pytest.raises(ValueError, match="no partner"):
+        pair_figure(layer, torch.randn(1, 6, 8), 1, 2)
+
+
+# ------------------------------------------------------------------------------------ experiments
+
+def test_matched_models_differ_by_less_than_three_percent_in_parameters():
+    from attnlib.experiments import grassmann as gx
+    for cfg in (gx.QUICK, gx.FULL):
+        sizes = gx.matched_sizes(cfg)
+        assert abs(sizes["grassmann"] / sizes["transformer"] - 1) < 0.03
+
+
+def test_corpus_is_the_fixed_stdlib_split():
+    from attnlib.experiments import grassmann as gx
+    train, val, info = gx.stdlib_corpus()
+    assert train.dtype == torch.uint8 and info["files"] == len(gx.CORPUS_FILES) == 53
+    assert 0.09 < val.numel() / (train.numel() + val.numel()) < 0.11
+    import sysconfig
+    from pathlib import Path
+    first = (Path(sysconfig.get_paths()["stdlib"]) / "abc.py").read_bytes()       # abc.py comes first
+    assert bytes(train[:100].tolist()) == first[:100]
+
+
+def test_dependence_lags_are_exactly_the_sums_of_at_most_depth_offsets():
+    from attnlib.experiments import grassmann as gx
+    torch.manual_seed(0)
+    offsets = (1, 2, 4, 8, 12, 16)
+    model = gx.GrassmannLM(d_model=12, n_layers=2, reduced_dim=4, offsets=offsets, max_len=40)
+    lags = gx.dependence_lags(model, 40)
+    assert lags == {k for k in gx.reachable_lags(offsets, 2) if k < 40}
+    assert 31 not in lags and 32 in lags                     # 31 needs three offsets; 32 = 16 + 16
+
+
+def test_training_runs_and_summary_reports_gap():
+    from attnlib.experiments import grassmann as gx
+    train, val, _ = gx.stdlib_corpus()
+    cfg = gx.LMConfig(d_model=16, reduced_dim=5, n_heads=2, seq_len=16, batch=2, steps=2, val_windows=4)
+    runs = [vars(gx.train_lm(k, "pre", cfg, train, val, seed=s)) for k in ("transformer", "grassmann")
+            for s in (0, 1)]
+    assert all(math.isfinite(r["val_ppl"]) and r["val_ppl"] > 1 for r in runs)
+    (row,) = gx.summarise(runs)
+    assert row["gap_min"] <= row["gap"] <= row["gap_max"] or math.isclose(row["gap_min"], row["gap_max"])
+
+
+def test_paper_order_equals_the_layer_and_crossover_interpolates():
+    from attnlib.experiments import grassmann as gx
+    layer = CausalGrassmannMixing(16, 5, (1, 2, 4)).double()
+    h = torch.randn(1, 9, 16, dtype=F64)
+    assert torch.allclose(gx.grassmann_mixing_paper_order(layer, h), layer.mixing_signal(h)[1])
+    assert gx.crossover([1, 10, 100], [10, 10, 10], [1, 5, 20]) > 10
+    assert gx.crossover([1, 10], [10, 10], [1, 5]) is None

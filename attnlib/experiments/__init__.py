@@ -1,0 +1,1 @@
+"""What the labs measure, kept apart from the operators (one submodule per subject)."""
