@@ -259,9 +259,10 @@ class RunResult:
 
 
 def train_lm(kind: str, norm: str, cfg: LMConfig, train: torch.Tensor, val: torch.Tensor, *, seed: int,
-             device: torch.device | str = "cpu") -> RunResult:
+             device: torch.device | str = "cpu", return_model: bool = False):
     """Train one model with AdamW (warm-up, cosine decay, clip 1.0) on random training windows drawn
-    from ``seed``; report the perplexity on the fixed validation windows. Same budget for every kind."""
+    from ``seed``; report the perplexity on the fixed validation windows. Same budget for every kind.
+    Returns a :class:`RunResult` (and the trained model with ``return_model=True``)."""
     torch.manual_seed(seed)
     model = build(kind, norm, cfg).to(device)
     gen = torch.Generator().manual_seed(seed + 1)
@@ -282,15 +283,23 @@ def train_lm(kind: str, norm: str, cfg: LMConfig, train: torch.Tensor, val: torc
         sched.step()
     xv, yv = fixed_windows(val, cfg.val_windows, cfg.seq_len)
     ppl = perplexity(model, xv.to(device), yv.to(device))
-    return RunResult(kind, norm, seed, n_params(model), ppl, float(loss.detach()))
+    res = RunResult(kind, norm, seed, n_params(model), ppl, float(loss.detach()))
+    return (res, model) if return_model else res
 
 
-def compare(cfg: LMConfig, seeds, *, norms=("post", "pre"), device="cpu", progress=None) -> list[dict]:
-    """Every (norm, kind, seed) run, as dicts. ``progress``: an optional tqdm-like wrapper."""
+def compare(cfg: LMConfig, seeds, *, norms=("post", "pre"), device="cpu", progress=None,
+            models: dict | None = None) -> list[dict]:
+    """Every (norm, kind, seed) run, as dicts. ``progress``: an optional tqdm-like wrapper.
+    ``models``: if a dict is given, the first seed's trained models are stored in it by (norm, kind)."""
     train, val, _ = stdlib_corpus()
     jobs = [(n, k, s) for n in norms for k in ("transformer", "grassmann") for s in seeds]
-    it = progress(jobs) if progress else jobs
-    return [asdict(train_lm(k, n, cfg, train, val, seed=s, device=device)) for n, k, s in it]
+    runs = []
+    for n, k, s in (progress(jobs) if progress else jobs):
+        res, model = train_lm(k, n, cfg, train, val, seed=s, device=device, return_model=True)
+        runs.append(asdict(res))
+        if models is not None and s == seeds[0]:
+            models[n, k] = model.cpu()
+    return runs
 
 
 def summarise(runs: list[dict]) -> list[dict]:
@@ -340,16 +349,20 @@ def grassmann_mixing_paper_order(layer: CausalGrassmannMixing, h: torch.Tensor) 
 
 
 def mixer_flops(L: int, d: int, r: int, offsets, n_heads: int = 8) -> dict[str, int]:
-    """Counted FLOPs of one token mixer on a ``[1, L, d]`` input: the Grassmann layer's mixing signal
-    in the published order and in the library's (average first, project once), and causal softmax
-    attention (the reference computes all ``L^2`` scores, then masks)."""
+    """Counted FLOPs of one token mixer on a ``[1, L, d]`` input: the whole Grassmann layer (reduce,
+    projection, gate) with its signal in the published order and in the library's (average first,
+    project once), and causal softmax attention with its four projections (the reference computes all
+    ``L^2`` scores, then masks)."""
     h = torch.zeros(1, L, d)
-    layer = CausalGrassmannMixing(d, r, offsets, backend="torch")
+    layer = CausalGrassmannMixing(d, r, offsets, mode="features", backend="torch")
     attn = CausalSelfAttention(d, n_heads)
+    def paper_order(x):
+        return layer.gate_value(x, grassmann_mixing_paper_order(layer, x))
+
     with torch.no_grad():
         return dict(
-            grassmann_paper_order=counted_flops(grassmann_mixing_paper_order, layer, h),
-            grassmann_average_first=counted_flops(lambda x: layer.mixing_signal(x), h),
+            grassmann_paper_order=counted_flops(paper_order, h),
+            grassmann_average_first=counted_flops(layer, h),
             attention=counted_flops(attn, h),
         )
 
