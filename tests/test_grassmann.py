@@ -336,6 +336,16 @@ def test_figures_build_with_a_frame_per_r_and_offset():
         pair_figure(layer, torch.randn(1, 6, 8), 1, 2)
 
 
+def test_pair_explorer_builds_with_a_slider_and_an_offset_menu():
+    pytest.importorskip("ipywidgets")
+    from attnlib.widgets.grassmann import pair_explorer
+    box = pair_explorer(CausalGrassmannMixing(8, reduced_dim=3, offsets=(1, 2)), torch.randn(1, 6, 8))
+    controls, _ = box.children
+    t_slider, offset = controls.children
+    assert t_slider.max == 5 and list(offset.options) == [1, 2]
+    t_slider.value = 0                                   # no partner: the explorer says so, no exception
+
+
 # ------------------------------------------------------------------------------------ experiments
 
 def test_matched_models_differ_by_less_than_three_percent_in_parameters():
