@@ -8,6 +8,7 @@ from . import eot, metrics, needle
 from .anna import anna_attention
 from .attention import softmax_attention
 from .deltanet import delta_rule, delta_rule_decode_step
+from .grassmann import CausalGrassmannMixing, plucker, plucker_features, plucker_projection
 from .linear import linear_attention, linear_attention_decode_step
 from .sparse import block_sparse_attention
 
@@ -20,5 +21,6 @@ __all__ = [
     "linear_attention", "linear_attention_decode_step",   # chapter 3
     "delta_rule", "delta_rule_decode_step",               # chapter 4
     "anna_attention",                                     # chapter 5
+    "plucker", "plucker_features", "plucker_projection", "CausalGrassmannMixing",   # chapter 6
     "__version__",
 ]

@@ -293,3 +293,32 @@ def test_anna_crosspolytope_kernel_matches_reference(dtype, causal):
     o = attnlib.anna_attention(q, k, v, backend="triton", **kw)
     o_ref = attnlib.anna_attention(q, k, v, backend="torch", **kw)
     _check("anna_attention.crosspolytope", dtype, o, o_ref, tol=max(TOL[dtype], 2e-2), T=1000, D=64, causal=causal)
+# ---------------------------------------------------------------------------- grassmann (chapter 6)
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("L,r,d", [(1, 32, 256), (300, 32, 256), (1000, 6, 100), (257, 17, 64)])
+def test_grassmann_fused_projection(dtype, L, r, d):
+    from attnlib.grassmann import n_pairs, plucker_projection_reference
+    g = torch.Generator(device="cuda").manual_seed(L + r)
+    z = torch.randn(2, L, r, device="cuda", generator=g).to(dtype)
+    W = (torch.randn(d, n_pairs(r), device="cuda", generator=g) / n_pairs(r) ** 0.5).to(dtype)
+    offsets = (1, 2, 4, 8, 12, 16)
+    out = attnlib.plucker_projection(z, W, offsets, backend="triton")
+    ref = plucker_projection_reference(z.double(), W.double(), offsets)
+    if L == 1:
+        assert torch.equal(out, torch.zeros_like(out))
+        return
+    _check("plucker_projection", dtype, out, ref, L=L, r=r, d=d)
+
+
+def test_grassmann_fused_projection_backward():
+    from attnlib.grassmann import n_pairs
+    g = torch.Generator(device="cuda").manual_seed(7)
+    z = torch.randn(2, 500, 32, device="cuda", generator=g).requires_grad_()
+    W = torch.randn(256, n_pairs(32), device="cuda", generator=g).requires_grad_()
+    grads = []
+    for backend in ("triton", "torch"):
+        out = attnlib.plucker_projection(z, W, (1, 2, 4, 8, 12, 16), backend=backend)
+        grads.append(torch.autograd.grad(out.square().sum(), (z, W)))
+    for a, b in zip(*grads):
+        _check("plucker_projection.grad", torch.float32, a, b, L=500, r=32, d=256)

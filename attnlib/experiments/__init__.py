@@ -1,6 +1,6 @@
 """What the labs measure, kept apart from the operators: tasks, timers, fits and counts.
-Chapters add their own submodule with one import line below."""
+One submodule per subject; chapters add theirs with one import line below."""
 
-from . import anna
+from . import anna, grassmann
 
-__all__ = ["anna"]
+__all__ = ["anna", "grassmann"]

@@ -1,0 +1,397 @@
+"""Grassmann mixing -- chapter 6's operator: Plücker coordinates of token pairs instead of attention.
+
+Two vectors ``u, w`` of ``R^r`` span a plane through the origin, a point of the Grassmannian
+``Gr(2, r)``. Its Plücker coordinates are the ``C(r, 2)`` antisymmetric products
+
+    p_ij(u, w) = u_i w_j - u_j w_i,      i < j, in lexicographic order (0,1), (0,2), ..., (r-2, r-1),
+
+i.e. the entries above the diagonal of ``u w^T - w u^T``. Facts the book uses, each tested:
+
+* ``p(w, u) = -p(u, w)``; ``p(a u + b w, c u + d w) = (a d - b c) p(u, w)``: re-basing the pair only
+  rescales ``p``, so ``p`` names the plane up to a non-zero factor (after normalising: up to a sign);
+* ``||p||^2 = ||u||^2 ||w||^2 - (u . w)^2`` (Lagrange's identity): ``||p||`` is the area of the
+  parallelogram, zero exactly when ``u`` and ``w`` are parallel;
+* the quadratic Plücker relations ``p_ij p_kl - p_ik p_jl + p_il p_jk = 0`` (``i<j<k<l``) hold exactly
+  for such decomposable ``p``, and cut ``Gr(2, r)`` out of the projective space of all 2-vectors;
+* for ``r = 3``: ``(p_01, p_02, p_12) = (c_2, -c_1, c_0)`` with ``c = u x w`` (the cross product);
+* ``<p(u1, w1), p(u2, w2)> = det([u1 w1]^T [u2 w2])`` (Cauchy--Binet), so for normalised
+  coordinates ``|<p1, p2>| = cos(theta_1) cos(theta_2)``, the product of the principal angles' cosines.
+
+The layer (Zhang 2025, "Attention Is Not What You Need"; details as the reproductions implement
+them): reduce ``z_t = W_red h_t + b``; for each offset ``delta`` pair ``z_t`` with ``z_{t-delta}``;
+normalise ``p / max(||p||, eps)``; project ``W_plu p + b_plu`` to the model width; average over the
+offsets that are valid at ``t`` (``t - delta >= 0``); gate ``alpha = sigmoid(W_gate [h_t; g_t])``;
+mix ``alpha h_t + (1 - alpha) g_t``; LayerNorm.
+
+**Causality.** The paper pairs ``z_t`` with ``z_{t+delta}``, which reads the future. Every function
+here pairs with ``z_{t-delta}``; ``pairing="paper"`` exists only to demonstrate the leak.
+
+The fused kernel (``kernels/grassmann/``) computes :func:`plucker_projection` -- pairing, products,
+normalisation, the average and the projection -- without storing the ``[B, L, |W|, C(r,2)]`` tensor.
+It uses that ``p(u, .)`` is linear: the normalised average over offsets is ``p(u, w_hat)`` with
+``w_hat = sum_delta c_delta z_{t-delta}``, ``c_delta = 1 / (K_t max(||p_delta||, eps))``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn as nn
+
+from . import _validate
+from ._backend import choose_backend
+
+PAIRINGS = ("causal", "paper")
+MODES = ("features", "collapsed")
+NORMS = ("post", "pre")
+DEFAULT_OFFSETS = (1, 2, 4, 8, 12, 16)
+
+
+def n_pairs(r: int) -> int:
+    """``C(r, 2)``: how many Plücker coordinates a pair of ``r``-vectors has."""
+    return r * (r - 1) // 2
+
+
+def pair_indices(r: int, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(i, j)`` for every coordinate, ``i < j``, lexicographic: the column order of :func:`plucker`."""
+    ij = torch.triu_indices(r, r, offset=1, device=device)
+    return ij[0], ij[1]
+
+
+def _check_vectors(name: str, x) -> torch.Tensor:
+    _validate.check_tensor(name, x, min_ndim=1)
+    if x.shape[-1] < 2:
+        raise ValueError(f"{name} has shape {tuple(x.shape)}; expected a last dim r >= 2 (a plane "
+                         "needs two coordinates at least)")
+    return x
+
+
+# ---------------------------------------------------------------------------------------------
+# The geometry: Plücker coordinates, their relations, principal angles
+# ---------------------------------------------------------------------------------------------
+
+def plucker(u: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """Plücker coordinates of ``span(u, w)``: ``p_ij = u_i w_j - u_j w_i`` for ``i < j``.
+
+    Args: ``u, w: [..., r]`` (same shape, dtype and device), ``r >= 2``.
+    Returns: ``p [..., r (r - 1) / 2]``, columns in lexicographic ``(i, j)`` order.
+    """
+    _check_vectors("u", u)
+    _check_vectors("w", w)
+    _validate.check_same_device_dtype([("u", u), ("w", w)])
+    if u.shape != w.shape:
+        raise ValueError(f"w has shape {tuple(w.shape)}; expected {tuple(u.shape)} to match u")
+    i, j = pair_indices(u.shape[-1], u.device)
+    return u[..., i] * w[..., j] - u[..., j] * w[..., i]
+
+
+def plucker_relations(p: torch.Tensor, r: int) -> torch.Tensor:
+    """Residuals of every quadratic Plücker relation, ``p_ij p_kl - p_ik p_jl + p_il p_jk``, one per
+    ``i < j < k < l`` in lexicographic order.
+
+    Zero (up to rounding) exactly when ``p`` is decomposable, ``p = u ^ w``: the relations cut the
+    Grassmannian ``Gr(2, r)`` out of the space of all 2-vectors. For ``r < 4`` there are none (every
+    2-vector in ``R^3`` is decomposable) and the last dim is 0.
+
+    Args: ``p: [..., C(r, 2)]``; ``r >= 2``.  Returns: ``[..., C(r, 4)]``.
+    """
+    _validate.check_tensor("p", p, min_ndim=1)
+    if isinstance(r, bool) or not isinstance(r, int) or r < 2:
+        raise ValueError(f"r must be an int >= 2; got {r!r}")
+    if p.shape[-1] != n_pairs(r):
+        raise ValueError(f"p has shape {tuple(p.shape)}; expected a last dim C({r}, 2) = {n_pairs(r)}")
+    col = torch.full((r, r), -1, dtype=torch.long)
+    i, j = pair_indices(r)
+    col[i, j] = torch.arange(n_pairs(r))
+    quads = torch.combinations(torch.arange(r), 4) if r >= 4 else torch.zeros(0, 4, dtype=torch.long)
+    a, b, c, d = (quads[:, n] for n in range(4))
+    P = lambda x, y: p[..., col[x, y].to(p.device)]  # noqa: E731 - the coordinate p_xy, x < y
+    return P(a, b) * P(c, d) - P(a, c) * P(b, d) + P(a, d) * P(b, c)
+
+
+def principal_angles(u1: torch.Tensor, w1: torch.Tensor, u2: torch.Tensor, w2: torch.Tensor
+                     ) -> torch.Tensor:
+    """The two principal angles ``0 <= theta_1 <= theta_2 <= pi/2`` between ``span(u1, w1)`` and
+    ``span(u2, w2)``: ``cos theta_k`` are the singular values of ``Q1^T Q2`` (orthonormal bases).
+
+    Args: four ``[..., r]`` tensors, each pair spanning a plane (not parallel).
+    Returns: ``[..., 2]`` in radians, ascending.
+    """
+    for name, x in (("u1", u1), ("w1", w1), ("u2", u2), ("w2", w2)):
+        _check_vectors(name, x)
+    _validate.check_same_device_dtype([("u1", u1), ("w1", w1), ("u2", u2), ("w2", w2)])
+    if not (u1.shape == w1.shape == u2.shape == w2.shape):
+        raise ValueError(f"u1, w1, u2, w2 have shapes {tuple(u1.shape)}, {tuple(w1.shape)}, "
+                         f"{tuple(u2.shape)}, {tuple(w2.shape)}; expected one shape [..., r]")
+    acc = torch.float64 if u1.dtype == torch.float64 else torch.float32
+    q1 = torch.linalg.qr(torch.stack([u1, w1], dim=-1).to(acc)).Q           # [..., r, 2]
+    q2 = torch.linalg.qr(torch.stack([u2, w2], dim=-1).to(acc)).Q
+    cos = torch.linalg.svdvals(q1.transpose(-1, -2) @ q2).clamp(0.0, 1.0)   # descending
+    return torch.arccos(cos)                                                # ascending angles
+
+
+# ---------------------------------------------------------------------------------------------
+# The layer's features: reference
+# ---------------------------------------------------------------------------------------------
+
+def _check_offsets(offsets) -> tuple[int, ...]:
+    if isinstance(offsets, int) or not isinstance(offsets, Sequence) or isinstance(offsets, str):
+        raise TypeError(f"offsets must be a sequence of positive ints; got {offsets!r}")
+    offsets = tuple(offsets)
+    if not offsets:
+        raise ValueError("offsets is empty; expected at least one positive int (e.g. (1, 2, 4, 8, 12, 16))")
+    for o in offsets:
+        if isinstance(o, bool) or not isinstance(o, int) or o < 1:
+            raise ValueError(f"offsets must be positive ints; got {offsets!r} (offset 0 pairs a token with "
+                             "itself: a degenerate plane)")
+    if len(set(offsets)) != len(offsets):
+        raise ValueError(f"offsets has repeated values: {offsets!r}")
+    return offsets
+
+
+def _check_z(z) -> torch.Tensor:
+    _validate.check_tensor("z", z, ndim=3)
+    if z.shape[-1] < 2:
+        raise ValueError(f"z has shape {tuple(z.shape)}; expected [B, L, r] with r >= 2")
+    return z
+
+
+def _check_eps(eps) -> float:
+    return _validate.check_positive("eps", eps)
+
+
+def _partner(z: torch.Tensor, delta: int, pairing: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(z_{t-delta}, valid)`` (or ``z_{t+delta}`` under the paper's pairing), zero where invalid."""
+    L = z.shape[1]
+    shift = min(delta, L)
+    pad = z.new_zeros(z.shape[0], shift, z.shape[2])
+    valid = torch.zeros(L, dtype=torch.bool, device=z.device)
+    if pairing == "causal":                                   # row t holds z_{t-delta}
+        other = torch.cat([pad, z[:, :L - shift]], dim=1)
+        valid[shift:] = True
+    else:                                                     # row t holds z_{t+delta}: the future
+        other = torch.cat([z[:, shift:], pad], dim=1)
+        valid[:L - shift] = True
+    return other, valid
+
+
+def plucker_features(z: torch.Tensor, offsets: Sequence[int] = DEFAULT_OFFSETS, *, eps: float = 1e-6,
+                     pairing: str = "causal", backend: str = "auto") -> torch.Tensor:
+    """Normalised Plücker coordinates of ``span(z_t, z_{t-delta})`` for each offset.
+
+        p_hat[b, t, k] = p(z_t, z_{t-delta_k}) / max(||p||, eps),   zero where t - delta_k < 0.
+
+    A zero or repeated vector gives ``p = 0`` and so a zero row (no NaN). Offsets ``>= L`` are valid
+    arguments: they pair nothing and their rows are all zero.
+
+    Args:
+        z: ``[B, L, r]``, ``r >= 2``.  offsets: distinct positive ints.  eps: > 0.
+        pairing: ``"causal"`` (``z_{t-delta}``, the default and the only causal choice) or
+            ``"paper"`` (``z_{t+delta}`` as printed in the paper: reads the future; for the
+            demonstration of the leak only).
+        backend: ``"auto"``/``"torch"`` -- the reference. This function *returns* the
+            ``[B, L, |W|, C(r,2)]`` tensor that the fused kernel exists to avoid storing, so it has no
+            kernel: the kernel is :func:`plucker_projection`'s, and ``"triton"`` here is an error.
+
+    Returns: ``[B, L, len(offsets), r (r - 1) / 2]`` in ``z``'s dtype (computed in float32/64).
+    """
+    _check_z(z)
+    offsets = _check_offsets(offsets)
+    eps = _check_eps(eps)
+    if pairing not in PAIRINGS:
+        raise ValueError(f"pairing must be one of {PAIRINGS}; got {pairing!r}")
+    choose_backend(backend, z, why_not="plucker_features returns the unprojected [B, L, |W|, C(r,2)] "
+                   "tensor, which only the reference builds; the fused kernel is plucker_projection's")
+    acc = torch.float64 if z.dtype == torch.float64 else torch.float32
+    zf = z.to(acc)
+    feats = []
+    for delta in offsets:
+        other, valid = _partner(zf, delta, pairing)
+        p = plucker(zf, other)                                               # [B, L, C]
+        p = p / p.norm(dim=-1, keepdim=True).clamp_min(eps)
+        feats.append(p * valid[None, :, None])
+    return torch.stack(feats, dim=2).to(z.dtype)
+
+
+def valid_counts(L: int, offsets: Sequence[int], *, pairing: str = "causal", device=None) -> torch.Tensor:
+    """``K_t``: how many offsets pair position ``t`` with a token inside the sequence. ``[L]`` long."""
+    t = torch.arange(L, device=device)
+    offs = torch.tensor(offsets, device=device)
+    ok = (t[:, None] - offs[None, :] >= 0) if pairing == "causal" else (t[:, None] + offs[None, :] < L)
+    return ok.sum(1)
+
+
+def plucker_projection_reference(z: torch.Tensor, weight: torch.Tensor, offsets: Sequence[int], *,
+                                 eps: float = 1e-6, pairing: str = "causal") -> torch.Tensor:
+    """The definition: ``g_t = W mean_{valid delta} p_hat(z_t, z_{t-delta})`` (no bias).
+
+    ``z: [B, L, r]``, ``weight: [d, C(r,2)]`` -> ``g: [B, L, d]``; ``g_t = 0`` where no offset is valid.
+    Builds the ``[B, L, |W|, C]`` tensor: this is the form that reads like the equation.
+    """
+    feats = plucker_features(z, offsets, eps=eps, pairing=pairing, backend="torch")
+    K = valid_counts(z.shape[1], offsets, pairing=pairing, device=z.device).clamp_min(1)
+    mean = feats.sum(2) / K[None, :, None].to(feats.dtype)                  # [B, L, C]
+    return mean @ weight.to(mean.dtype).T
+
+
+def plucker_projection_collapsed(z: torch.Tensor, weight: torch.Tensor, offsets: Sequence[int], *,
+                                 eps: float = 1e-6, pairing: str = "causal") -> torch.Tensor:
+    """The same ``g`` as :func:`plucker_projection_reference`, in the kernel's order: ``p(u, .)`` is
+    linear, so the average of the offsets' normalised coordinates is one Plücker vector,
+
+        mean_delta p(z_t, z_{t-delta}) / n_delta = p(z_t, w_hat_t),
+        w_hat_t = sum_delta valid / (K_t max(n_delta, eps)) z_{t-delta},
+        n_delta^2 = ||z_t||^2 ||z_{t-delta}||^2 - (z_t . z_{t-delta})^2   (Lagrange),
+
+    and one projection follows. Never builds ``[B, L, |W|, C]``: ``O(L (|W| r + C d))`` work.
+    """
+    acc = torch.float64 if z.dtype == torch.float64 else torch.float32
+    u = z.to(acc)
+    K = valid_counts(z.shape[1], offsets, pairing=pairing, device=z.device).clamp_min(1).to(acc)
+    uu = u.square().sum(-1)
+    w_hat = torch.zeros_like(u)
+    for delta in offsets:
+        w, valid = _partner(u, delta, pairing)
+        n2 = uu * w.square().sum(-1) - (u * w).sum(-1).square()
+        n = n2.clamp_min(eps * eps).sqrt()                  # = max(||p||, eps), finite gradient at 0
+        w_hat = w_hat + (valid[None, :] / (K[None, :] * n))[..., None] * w
+    return plucker(u, w_hat) @ weight.to(acc).T
+
+
+def antisymmetric_weight(weight: torch.Tensor, r: int) -> torch.Tensor:
+    """``W [d, C(r,2)] -> Wa [r, r, d]`` with ``Wa[i, j] = W[:, c(i,j)]``, ``Wa[j, i] = -W[:, c(i,j)]``
+    (``i < j``), zero diagonal, so that ``W p(u, w) = sum_ij u_i w_j Wa[i, j]``. Differentiable."""
+    i, j = pair_indices(r, weight.device)
+    wa = weight.new_zeros(r, r, weight.shape[0])
+    wa = wa.index_put((i, j), weight.T).index_put((j, i), -weight.T)
+    return wa
+
+
+def _why_not_kernel(z: torch.Tensor, weight: torch.Tensor, pairing: str) -> str | None:
+    if pairing != "causal":
+        return "the kernel implements the causal pairing z_{t-delta} only"
+    if z.shape[-1] > 64:
+        return f"the kernel takes reduced_dim r up to 64; got r={z.shape[-1]}"
+    if weight.shape[0] > 4096:
+        return f"the kernel takes a model width up to 4096; got {weight.shape[0]}"
+    return None
+
+
+def plucker_projection(z: torch.Tensor, weight: torch.Tensor, offsets: Sequence[int] = DEFAULT_OFFSETS, *,
+                       eps: float = 1e-6, pairing: str = "causal", mode: str = "features",
+                       backend: str = "auto") -> torch.Tensor:
+    """The Grassmann layer's mixing signal before its bias: the average over valid offsets of the
+    projected, normalised Plücker coordinates,
+
+        g_t = (1 / K_t) sum_{delta: t - delta >= 0}  W p(z_t, z_{t-delta}) / max(||p||, eps),
+
+    ``g_t = 0`` where no offset is valid (``K_t = 0``, e.g. ``t = 0``).
+
+    Args:
+        z: ``[B, L, r]`` (2 <= r).  weight: ``[d, C(r,2)]``, same dtype and device.
+        offsets: distinct positive ints (any size; offsets ``>= L`` contribute nothing).
+        eps: > 0.  pairing: ``"causal"`` or ``"paper"`` (reference only).
+        mode: which PyTorch reference runs when the kernel does not: ``"features"`` (the equation:
+            builds every offset's coordinates) or ``"collapsed"`` (the kernel's algorithm, one
+            Plücker vector per token; same answer, ``|W|`` times less memory).
+        backend: ``"auto"`` (the fused Triton kernel on CUDA when it applies: causal pairing,
+            r <= 64, d <= 4096; the reference otherwise), ``"torch"``, ``"triton"``.
+
+    Returns: ``[B, L, d]`` in ``z``'s dtype.
+    """
+    _check_z(z)
+    offsets = _check_offsets(offsets)
+    eps = _check_eps(eps)
+    if pairing not in PAIRINGS:
+        raise ValueError(f"pairing must be one of {PAIRINGS}; got {pairing!r}")
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}; got {mode!r}")
+    _validate.check_tensor("weight", weight, ndim=2)
+    _validate.check_same_device_dtype([("z", z), ("weight", weight)])
+    r = z.shape[-1]
+    if weight.shape[1] != n_pairs(r):
+        raise ValueError(f"weight has shape {tuple(weight.shape)}; expected [d, C({r}, 2) = {n_pairs(r)}]")
+    if choose_backend(backend, z, why_not=_why_not_kernel(z, weight, pairing)) == "triton":
+        from .kernels.grassmann import fused_plucker_projection
+        return fused_plucker_projection(z, antisymmetric_weight(weight, r), offsets, eps)
+    ref = plucker_projection_collapsed if mode == "collapsed" else plucker_projection_reference
+    return ref(z, weight, offsets, eps=eps, pairing=pairing).to(z.dtype)
+
+
+# ---------------------------------------------------------------------------------------------
+# The layer
+# ---------------------------------------------------------------------------------------------
+
+def receptive_field(offsets: Sequence[int], depth: int) -> int:
+    """How far back ``depth`` stacked causal Grassmann layers can see: ``max(offsets) * depth``."""
+    return max(_check_offsets(offsets)) * depth
+
+
+class CausalGrassmannMixing(nn.Module):
+    """The causal Grassmann mixing layer, ``[B, L, d_model] -> [B, L, d_model]``.
+
+    ``norm="post"`` (as published):
+
+        z = W_red h + b;   g = b_plu + plucker_projection(z, W_plu)   (b_plu only where K_t > 0)
+        alpha = sigmoid(W_gate [h; g] + b_gate);   out = LayerNorm(alpha h + (1 - alpha) g)
+
+    ``norm="pre"`` (our pre-norm variant; the reproductions' code for theirs was not available):
+    ``x = LayerNorm(h)``, the same ``g`` and ``alpha`` computed from ``x``, and
+    ``out = h + alpha x + (1 - alpha) g`` -- the gated mix enters a plain residual stream.
+
+    Args: d_model >= 1; reduced_dim r >= 2 (``C(r,2)`` coordinates); offsets: distinct positive
+    ints; eps > 0; pairing ``"causal"`` (or ``"paper"``: reads the future, for demonstrations);
+    mode and backend for :func:`plucker_projection` (the default ``"collapsed"`` reference is the
+    kernel's algorithm in PyTorch: same output, no ``[B, L, |W|, C]`` tensor).
+    """
+
+    def __init__(self, d_model: int, reduced_dim: int = 32, offsets: Sequence[int] = DEFAULT_OFFSETS,
+                 norm: str = "post", *, eps: float = 1e-6, pairing: str = "causal", mode: str = "collapsed",
+                 backend: str = "auto"):
+        super().__init__()
+        if isinstance(d_model, bool) or not isinstance(d_model, int) or d_model < 1:
+            raise ValueError(f"d_model must be a positive int; got {d_model!r}")
+        if isinstance(reduced_dim, bool) or not isinstance(reduced_dim, int) or reduced_dim < 2:
+            raise ValueError(f"reduced_dim must be an int >= 2 (a plane needs two dimensions); got {reduced_dim!r}")
+        if norm not in NORMS:
+            raise ValueError(f"norm must be one of {NORMS}; got {norm!r}")
+        if pairing not in PAIRINGS:
+            raise ValueError(f"pairing must be one of {PAIRINGS}; got {pairing!r}")
+        self.d_model, self.reduced_dim, self.norm_kind = d_model, reduced_dim, norm
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}; got {mode!r}")
+        self.offsets, self.eps, self.pairing, self.backend = _check_offsets(offsets), _check_eps(eps), pairing, backend
+        self.mode = mode
+        self.reduce = nn.Linear(d_model, reduced_dim)
+        self.plu = nn.Linear(n_pairs(reduced_dim), d_model)
+        self.gate = nn.Linear(2 * d_model, d_model)
+        self.norm = nn.LayerNorm(d_model)
+
+    def mixing_signal(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(z [B, L, r], g [B, L, d])`` for the layer's input ``x``."""
+        z = self.reduce(x)
+        g = plucker_projection(z, self.plu.weight, self.offsets, eps=self.eps, pairing=self.pairing,
+                               mode=self.mode, backend=self.backend)
+        K = valid_counts(x.shape[1], self.offsets, pairing=self.pairing, device=x.device)
+        g = g + self.plu.bias * (K > 0)[:, None].to(g.dtype)
+        return z, g
+
+    def gate_value(self, x: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+        return torch.sigmoid(self.gate(torch.cat([x, g], dim=-1)))
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        _validate.check_tensor("h", h, ndim=3)
+        if h.shape[-1] != self.d_model:
+            raise ValueError(f"h has shape {tuple(h.shape)}; expected [B, L, d_model={self.d_model}]")
+        x = self.norm(h) if self.norm_kind == "pre" else h
+        _, g = self.mixing_signal(x)
+        alpha = self.gate_value(x, g)
+        mixed = alpha * x + (1 - alpha) * g
+        return h + mixed if self.norm_kind == "pre" else self.norm(mixed)
+
+
+__all__ = ["plucker", "plucker_relations", "principal_angles", "plucker_features", "plucker_projection",
+           "plucker_projection_reference", "plucker_projection_collapsed", "CausalGrassmannMixing", "valid_counts",
+           "antisymmetric_weight",
+           "n_pairs", "pair_indices", "receptive_field"]

@@ -1,0 +1,396 @@
+"""Chapter 6: Plücker coordinates and the causal Grassmann layer. The identities hold for all inputs
+(hypothesis); the layer is causal under our pairing and leaks under the paper's; bad input gets a
+clear error or documented behaviour."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from attnlib.grassmann import (
+    CausalGrassmannMixing,
+    antisymmetric_weight,
+    n_pairs,
+    plucker,
+    plucker_features,
+    plucker_projection,
+    plucker_projection_collapsed,
+    plucker_projection_reference,
+    plucker_relations,
+    principal_angles,
+    receptive_field,
+    valid_counts,
+)
+
+F64 = torch.float64
+FAST = settings(max_examples=30, deadline=None)
+seeds = st.integers(0, 2**31 - 1)
+dims = st.integers(2, 9)
+
+
+def vecs(r, n=2, seed=0, batch=()):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(*batch, r, generator=g, dtype=F64) for _ in range(n)]
+
+
+# ------------------------------------------------------------------------------------ identities
+
+def test_plucker_is_the_upper_triangle_of_u_wT_minus_w_uT():
+    u, w = vecs(5, seed=1)
+    A = torch.outer(u, w) - torch.outer(w, u)
+    i, j = torch.triu_indices(5, 5, 1)
+    assert torch.allclose(plucker(u, w), A[i, j])
+    assert plucker(u, w).shape == (10,)
+
+
+@FAST
+@given(dims, seeds)
+def test_plucker_relations_vanish_on_decomposable_vectors(r, seed):
+    u, w = vecs(r, seed=seed, batch=(3,))
+    res = plucker_relations(plucker(u, w), r)
+    assert res.shape == (3, math.comb(r, 4))
+    assert res.abs().max().item() < 1e-12 if res.numel() else True
+
+
+def test_plucker_relations_detect_a_non_decomposable_vector():
+    # e0^e1 + e2^e3 is not a plane: p_01 p_23 - p_02 p_13 + p_03 p_12 = 1
+    p = torch.zeros(n_pairs(4), dtype=F64)
+    p[0], p[5] = 1.0, 1.0                                     # (0,1) and (2,3)
+    assert plucker_relations(p, 4).item() == 1.0
+
+
+@FAST
+@given(dims, seeds)
+def test_plucker_is_antisymmetric(r, seed):
+    u, w = vecs(r, seed=seed)
+    assert torch.allclose(plucker(w, u), -plucker(u, w))
+
+
+@FAST
+@given(dims, seeds, st.lists(st.floats(-3, 3), min_size=4, max_size=4))
+def test_rebasing_the_pair_multiplies_p_by_the_determinant(r, seed, abcd):
+    a, b, c, d = abcd
+    u, w = vecs(r, seed=seed)
+    lhs = plucker(a * u + b * w, c * u + d * w)
+    assert torch.allclose(lhs, (a * d - b * c) * plucker(u, w), atol=1e-10)
+
+
+@FAST
+@given(seeds)
+def test_r3_coordinates_are_the_cross_product(seed):
+    u, w = vecs(3, seed=seed)
+    c = torch.linalg.cross(u, w)
+    assert torch.allclose(plucker(u, w), torch.stack([c[2], -c[1], c[0]]))
+
+
+@FAST
+@given(dims, seeds)
+def test_norm_of_p_is_lagrange_identity(r, seed):
+    u, w = vecs(r, seed=seed)
+    lhs = plucker(u, w).square().sum()
+    assert torch.allclose(lhs, u.square().sum() * w.square().sum() - (u @ w) ** 2)
+
+
+@FAST
+@given(st.integers(3, 7), seeds)
+def test_inner_product_of_unit_plucker_vectors_is_product_of_principal_cosines(r, seed):
+    u1, w1, u2, w2 = vecs(r, n=4, seed=seed)
+    p1, p2 = plucker(u1, w1), plucker(u2, w2)
+    cos = torch.cos(principal_angles(u1, w1, u2, w2))
+    assert torch.allclose((p1 @ p2).abs() / (p1.norm() * p2.norm()), cos.prod(), atol=1e-9)
+
+
+def test_principal_angles_of_a_plane_with_itself_and_orthogonal_planes():
+    e = torch.eye(4, dtype=F64)
+    assert torch.allclose(principal_angles(e[0], e[1], e[0] + e[1], e[0] - e[1]), torch.zeros(2, dtype=F64),
+                          atol=1e-7)
+    assert torch.allclose(principal_angles(e[0], e[1], e[2], e[3]), torch.full((2,), math.pi / 2, dtype=F64))
+
+
+def test_antisymmetric_weight_reproduces_the_projection():
+    u, w = vecs(6, seed=3)
+    W = torch.randn(7, n_pairs(6), dtype=F64)
+    wa = antisymmetric_weight(W, 6)
+    assert torch.allclose(torch.einsum("i,j,ije->e", u, w, wa), W @ plucker(u, w))
+
+
+# ------------------------------------------------------------------------------------- features
+
+def test_features_pair_each_token_with_the_one_delta_before_and_are_normalised():
+    z = torch.randn(2, 9, 4, dtype=F64)
+    f = plucker_features(z, (1, 3))
+    assert f.shape == (2, 9, 2, 6)
+    p = plucker(z[:, 5], z[:, 2])
+    assert torch.allclose(f[:, 5, 1], p / p.norm(dim=-1, keepdim=True))
+    assert torch.equal(f[:, :3, 1], torch.zeros(2, 3, 6, dtype=F64))      # t - 3 < 0
+    assert torch.allclose(f[:, 3:].norm(dim=-1), torch.ones(2, 6, 2, dtype=F64))
+
+
+def test_offsets_beyond_the_sequence_contribute_nothing_and_no_nan():
+    z = torch.randn(1, 5, 4)
+    f = plucker_features(z, (1, 5, 100))
+    assert torch.isfinite(f).all() and torch.equal(f[:, :, 1:], torch.zeros(1, 5, 2, 6))
+    W = torch.randn(3, 6)
+    g = plucker_projection(z, W, (7, 100))
+    assert torch.equal(g, torch.zeros(1, 5, 3))
+
+
+def test_zero_and_repeated_vectors_give_zero_features_not_nan():
+    z = torch.zeros(1, 4, 3)
+    z[0, 2] = torch.tensor([1.0, 2.0, 3.0])
+    z[0, 3] = 2 * z[0, 2]                                      # parallel: a degenerate plane
+    z.requires_grad_(True)
+    f = plucker_features(z, (1,))
+    assert torch.isfinite(f).all() and f.abs().max() == 0
+    for mode in ("features", "collapsed"):
+        (g,) = torch.autograd.grad(plucker_projection(z, torch.randn(5, 3), (1, 2), mode=mode).sum(), z)
+        assert torch.isfinite(g).all()
+
+
+def test_valid_counts():
+    assert valid_counts(6, (1, 2, 4)).tolist() == [0, 1, 2, 2, 3, 3]
+    assert valid_counts(6, (1, 2, 4), pairing="paper").tolist() == [3, 3, 2, 2, 1, 0]
+
+
+def test_projection_reference_averages_over_valid_offsets():
+    z = torch.randn(1, 6, 4, dtype=F64)
+    W = torch.randn(5, 6, dtype=F64)
+    f = plucker_features(z, (1, 2, 4))
+    g = plucker_projection_reference(z, W, (1, 2, 4))
+    assert torch.allclose(g[0, 3], (f[0, 3, 0] + f[0, 3, 1]) @ W.T / 2)
+    assert torch.equal(g[0, 0], torch.zeros(5, dtype=F64))
+
+
+@FAST
+@given(st.integers(1, 12), st.integers(2, 6), st.lists(st.integers(1, 14), min_size=1, max_size=4, unique=True),
+       st.sampled_from(["causal", "paper"]), seeds)
+def test_collapsed_order_equals_the_reference_values_and_gradients(L, r, offsets, pairing, seed):
+    g = torch.Generator().manual_seed(seed)
+    z = torch.randn(2, L, r, generator=g, dtype=F64, requires_grad=True)
+    W = torch.randn(5, n_pairs(r), generator=g, dtype=F64, requires_grad=True)
+    a = plucker_projection_reference(z, W, offsets, pairing=pairing)
+    b = plucker_projection_collapsed(z, W, offsets, pairing=pairing)
+    assert torch.allclose(a, b, atol=1e-10)
+    dg = torch.randn(a.shape, generator=g, dtype=F64)
+    for x, y in zip(torch.autograd.grad(a, (z, W), dg), torch.autograd.grad(b, (z, W), dg)):
+        assert torch.allclose(x, y, atol=1e-8)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_reduced_precision_inputs_keep_their_dtype(dtype):
+    z = torch.randn(2, 8, 5).to(dtype)
+    assert plucker_features(z, (1, 2)).dtype == dtype
+    assert plucker_projection(z, torch.randn(3, 10).to(dtype), (1, 2)).dtype == dtype
+
+
+# --------------------------------------------------------------------------------------- causality
+
+def _later_token_changes_earlier_output(pairing, t_change=10, L=16):
+    torch.manual_seed(0)
+    layer = CausalGrassmannMixing(16, reduced_dim=4, offsets=(1, 2, 4), pairing=pairing).double()
+    h = torch.randn(1, L, 16, dtype=F64)
+    h2 = h.clone()
+    h2[0, t_change] += 1.0
+    with torch.no_grad():
+        diff = (layer(h) - layer(h2)).abs().amax(-1)[0]
+    return diff
+
+
+def test_changing_a_later_token_never_changes_an_earlier_output_under_the_causal_pairing():
+    diff = _later_token_changes_earlier_output("causal")
+    assert diff[:10].max().item() == 0.0 and diff[10].item() > 0
+
+
+def test_the_papers_pairing_leaks_the_future():
+    diff = _later_token_changes_earlier_output("paper")
+    assert diff[6].item() > 1e-6 and diff[8].item() > 1e-6 and diff[9].item() > 1e-6   # t + delta = 10
+
+
+@FAST
+@given(st.integers(2, 20), seeds)
+def test_causal_layer_output_at_t_is_independent_of_every_later_token(L, seed):
+    g = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)
+    layer = CausalGrassmannMixing(8, reduced_dim=3, offsets=(1, 3), norm="pre").double()
+    h = torch.randn(1, L, 8, generator=g, dtype=F64)
+    t = int(torch.randint(0, L, (1,), generator=g))
+    h2 = h.clone()
+    h2[0, t:] = torch.randn(L - t, 8, generator=g, dtype=F64)
+    with torch.no_grad():
+        assert torch.equal(layer(h)[0, :t], layer(h2)[0, :t])
+
+
+# ------------------------------------------------------------------------------------------ layer
+
+@pytest.mark.parametrize("norm", ["post", "pre"])
+def test_layer_shapes_and_gradients_flow_to_every_parameter(norm):
+    layer = CausalGrassmannMixing(24, reduced_dim=5, offsets=(1, 2, 4), norm=norm)
+    h = torch.randn(2, 11, 24, requires_grad=True)
+    out = layer(h)
+    assert out.shape == h.shape and torch.isfinite(out).all()
+    out.square().mean().backward()
+    for name, p in layer.named_parameters():
+        assert p.grad is not None and torch.isfinite(p.grad).all(), name
+    assert h.grad is not None
+
+
+def test_gate_and_mix_as_published():
+    layer = CausalGrassmannMixing(8, reduced_dim=3, offsets=(1,)).double()
+    h = torch.randn(1, 5, 8, dtype=F64)
+    z, g = layer.mixing_signal(h)
+    alpha = torch.sigmoid(layer.gate(torch.cat([h, g], -1)))
+    expect = layer.norm(alpha * h + (1 - alpha) * g)
+    assert torch.allclose(layer(h), expect)
+    assert torch.allclose(g[:, 0], torch.zeros(1, 8, dtype=F64))     # t = 0 has no partner: no bias either
+
+
+def test_receptive_field_is_max_offset_times_depth():
+    assert receptive_field((1, 2, 4, 8, 12, 16), 6) == 96
+
+
+# -------------------------------------------------------------------------------------- bad input
+
+@pytest.mark.parametrize("r", [0, 1, 1.5, True])
+def test_reduced_dim_below_two_is_refused(r):
+    with pytest.raises(ValueError, match="reduced_dim"):
+        CausalGrassmannMixing(8, reduced_dim=r)
+
+
+@pytest.mark.parametrize("offsets,match", [((), "empty"), ((0, 1), "positive"), ((-2,), "positive"),
+                                           ((1, 1), "repeated"), ((1.5,), "positive")])
+def test_bad_offsets_are_refused(offsets, match):
+    with pytest.raises(ValueError, match=match):
+        plucker_features(torch.randn(1, 4, 3), offsets)
+    with pytest.raises(ValueError, match=match):
+        CausalGrassmannMixing(8, reduced_dim=3, offsets=offsets)
+
+
+def test_offsets_must_be_a_sequence():
+    with pytest.raises(TypeError, match="offsets"):
+        plucker_features(torch.randn(1, 4, 3), 2)
+
+
+def test_bad_shapes_and_dtypes_are_refused():
+    with pytest.raises(ValueError, match="z has shape"):
+        plucker_features(torch.randn(4, 3), (1,))
+    with pytest.raises(ValueError, match="r >= 2"):
+        plucker_features(torch.randn(1, 4, 1), (1,))
+    with pytest.raises(TypeError, match="z has dtype int64"):
+        plucker_features(torch.ones(1, 4, 3, dtype=torch.long), (1,))
+    with pytest.raises(TypeError, match="z must be a torch.Tensor"):
+        plucker_features([[1.0, 2.0]], (1,))
+    with pytest.raises(ValueError, match="w has shape"):
+        plucker(torch.randn(3), torch.randn(4))
+    with pytest.raises(ValueError, match=r"C\(4, 2\) = 6"):
+        plucker_relations(torch.randn(5), 4)
+    with pytest.raises(ValueError, match=r"weight has shape"):
+        plucker_projection(torch.randn(1, 4, 3), torch.randn(5, 4), (1,))
+    with pytest.raises(TypeError, match="weight has dtype float64"):
+        plucker_projection(torch.randn(1, 4, 3), torch.randn(5, 3, dtype=F64), (1,))
+    with pytest.raises(ValueError, match="d_model=8"):
+        CausalGrassmannMixing(8, reduced_dim=3)(torch.randn(1, 4, 9))
+    with pytest.raises(ValueError, match="eps"):
+        plucker_features(torch.randn(1, 4, 3), (1,), eps=0.0)
+    with pytest.raises(ValueError, match="pairing"):
+        plucker_features(torch.randn(1, 4, 3), (1,), pairing="future")
+    with pytest.raises(ValueError, match="norm"):
+        CausalGrassmannMixing(8, reduced_dim=3, norm="sandwich")
+    with pytest.raises(ValueError, match="mode"):
+        plucker_projection(torch.randn(1, 4, 3), torch.randn(2, 3), (1,), mode="fast")
+
+
+def test_features_have_no_kernel_and_say_so():
+    with pytest.raises(ValueError, match="plucker_projection"):
+        plucker_features(torch.randn(1, 4, 3), (1,), backend="triton")
+
+
+def test_paper_pairing_has_no_kernel():
+    with pytest.raises(ValueError, match="causal pairing"):
+        plucker_projection(torch.randn(1, 4, 3), torch.randn(2, 3), (1,), pairing="paper", backend="triton")
+
+
+def test_empty_batch_and_length_zero():
+    for shape in ((0, 5, 3), (2, 0, 3)):
+        z = torch.randn(*shape)
+        assert plucker_features(z, (1,)).shape == (*shape[:2], 1, 3)
+        assert plucker_projection(z, torch.randn(4, 3), (1,)).shape == (*shape[:2], 4)
+
+
+# ---------------------------------------------------------------------------------------- figures
+
+def test_figures_build_with_a_frame_per_r_and_offset():
+    from attnlib.widgets.grassmann import features_figure, pair_figure, planes_figure
+    fig = planes_figure([(np.array([1.0, 0, 0]), np.array([0, 1.0, 0]))])
+    assert "p = (1.00, 0.00, 0.00)" in fig.layout.title.text              # e0 ^ e1: only p_01
+    z = torch.randn(12, 5, dtype=F64)
+    fig = features_figure(z, [3, 5], [1, 4])
+    assert len(fig.frames) == 4 and len(fig.layout.sliders[0].steps) == 4
+    assert np.allclose(np.asarray(fig.frames[1].data[0].z)[:4], 0)         # delta = 4: no partner for t < 4
+    layer = CausalGrassmannMixing(8, reduced_dim=4, offsets=(1, 2))
+    fig = pair_figure(layer, torch.randn(1, 6, 8), 5, 2)
+    assert len(fig.data) == 6
+    with pytest.raises(ValueError, match="no partner"):
+        pair_figure(layer, torch.randn(1, 6, 8), 1, 2)
+
+
+def test_pair_explorer_builds_with_a_slider_and_an_offset_menu():
+    pytest.importorskip("ipywidgets")
+    from attnlib.widgets.grassmann import pair_explorer
+    box = pair_explorer(CausalGrassmannMixing(8, reduced_dim=3, offsets=(1, 2)), torch.randn(1, 6, 8))
+    controls, _ = box.children
+    t_slider, offset = controls.children
+    assert t_slider.max == 5 and list(offset.options) == [1, 2]
+    t_slider.value = 0                                   # no partner: the explorer says so, no exception
+
+
+# ------------------------------------------------------------------------------------ experiments
+
+def test_matched_models_differ_by_less_than_three_percent_in_parameters():
+    from attnlib.experiments import grassmann as gx
+    for cfg in (gx.QUICK, gx.FULL):
+        sizes = gx.matched_sizes(cfg)
+        assert abs(sizes["grassmann"] / sizes["transformer"] - 1) < 0.03
+
+
+def test_corpus_is_the_fixed_stdlib_split():
+    from attnlib.experiments import grassmann as gx
+    train, val, info = gx.stdlib_corpus()
+    assert train.dtype == torch.uint8 and info["files"] == len(gx.CORPUS_FILES) == 53
+    assert 0.09 < val.numel() / (train.numel() + val.numel()) < 0.11
+    import sysconfig
+    from pathlib import Path
+    first = (Path(sysconfig.get_paths()["stdlib"]) / "abc.py").read_bytes()       # abc.py comes first
+    assert bytes(train[:100].tolist()) == first[:100]
+
+
+def test_dependence_lags_are_exactly_the_sums_of_at_most_depth_offsets():
+    from attnlib.experiments import grassmann as gx
+    torch.manual_seed(0)
+    offsets = (1, 2, 4, 8, 12, 16)
+    model = gx.GrassmannLM(d_model=12, n_layers=2, reduced_dim=4, offsets=offsets, max_len=40)
+    lags = gx.dependence_lags(model, 40)
+    assert lags == {k for k in gx.reachable_lags(offsets, 2) if k < 40}
+    assert 31 not in lags and 32 in lags                     # 31 needs three offsets; 32 = 16 + 16
+
+
+def test_training_runs_and_summary_reports_gap():
+    from attnlib.experiments import grassmann as gx
+    train, val, _ = gx.stdlib_corpus()
+    cfg = gx.LMConfig(d_model=16, reduced_dim=5, n_heads=2, seq_len=16, batch=2, steps=2, val_windows=4)
+    runs = [vars(gx.train_lm(k, "pre", cfg, train, val, seed=s)) for k in ("transformer", "grassmann")
+            for s in (0, 1)]
+    assert all(math.isfinite(r["val_ppl"]) and r["val_ppl"] > 1 for r in runs)
+    (row,) = gx.summarise(runs)
+    assert row["gap_min"] <= row["gap"] <= row["gap_max"] or math.isclose(row["gap_min"], row["gap_max"])
+
+
+def test_paper_order_equals_the_layer_and_crossover_interpolates():
+    from attnlib.experiments import grassmann as gx
+    layer = CausalGrassmannMixing(16, 5, (1, 2, 4)).double()
+    h = torch.randn(1, 9, 16, dtype=F64)
+    assert torch.allclose(gx.grassmann_mixing_paper_order(layer, h), layer.mixing_signal(h)[1])
+    assert gx.crossover([1, 10, 100], [10, 10, 10], [1, 5, 20]) > 10
+    assert gx.crossover([1, 10], [10, 10], [1, 5]) is None
