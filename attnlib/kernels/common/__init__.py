@@ -1,0 +1,1 @@
+"""Kernel pieces shared by several ops (each file with its own tiling docstring)."""
