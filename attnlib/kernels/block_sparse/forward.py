@@ -4,24 +4,25 @@ The inspected set. Chapter 2's adversary reads an algorithm's *inspected set* --
 pairs whose scores it actually computes. Here that set is given explicitly, block by block:
 ``block_mask[h, I, J]`` says whether query block ``I`` of head ``h`` looks at key block ``J``.
 
-Compact lists, computed in torch before the launch (CSR-like, per head and query block):
+Compact lists, computed with torch ops on the device before the launch (CSR-like, per head and
+query block; no host synchronisation, so the list width is the full ``nK``):
 
     counts[h, I]        -- how many key blocks query block I visits,
-    indices[h, I, t]    -- the t-th visited key block (t < counts[h, I]), padded with 0.
+    indices[h, I, t]    -- the t-th visited key block (t < counts[h, I]); the rest is never read.
 
 Tiling. The grid is ``(cdiv(Tq, BLOCK), B * H)``: one program owns ``BLOCK`` query rows of one
 (batch, head), keeps its ``q`` tile in registers and walks *only its visited key blocks*
 (``for t in range(counts[h, I])``, then one scalar load of the block index), folding each
-``[BLOCK, BLOCK]`` score tile into the online-softmax state ``(m_i, l_i, acc)`` exactly as the dense
-flash kernel does (``attnlib/kernels/flash_fwd.py``). Unvisited blocks are never loaded: the work
-is proportional to the number of visited blocks, not to ``T^2``.
+``[BLOCK, BLOCK]`` score tile into the online-softmax state ``(m_i, l_i, acc)`` with the very update the
+dense flash kernel uses (``attnlib/kernels/common/online_softmax.py``). Unvisited blocks are never
+loaded: the work is proportional to the number of visited blocks, not to ``T^2``.
 
 Every tile is masked (ragged tail ``T % BLOCK``; the diagonal when causal) -- visited sets are
 usually small, so the two-stage unmasked/masked split of the dense kernel is not worth its code.
 
 Rows that see no key (an empty row of the mask, or a causal block with nothing at or left of the
 diagonal) keep ``m = -inf`` and ``l = 0``; they are written as ``o = 0`` and ``lse = -inf``
-(the log of an empty sum), never NaN.
+(the log of an empty sum), never NaN. The backward is in ``backward.py``.
 """
 
 from __future__ import annotations
@@ -30,9 +31,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .._backend import INTERPRET
-
-LOG2E = 1.4426950408889634
+from ..common.online_softmax import LN2, LOG2E, head_block, online_softmax_update
+from ..flash.forward import check_launchable, precision_for
 
 
 @triton.jit
@@ -41,7 +41,6 @@ def _block_sparse_fwd_kernel(Q, K, V, O, LSE, COUNTS, INDICES,
                              stride_kb, stride_kh, stride_kt, stride_kd,
                              stride_vb, stride_vh, stride_vt, stride_vd,
                              stride_ob, stride_oh, stride_ot, stride_od,
-                             stride_lb, stride_lh, stride_lt,
                              stride_ch, stride_cm, stride_ih, stride_im, stride_it,
                              H, T_Q, T_K, D, DV, qk_scale,
                              BLOCK: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
@@ -68,8 +67,7 @@ def _block_sparse_fwd_kernel(Q, K, V, O, LSE, COUNTS, INDICES,
     n_visit = tl.load(COUNTS + h * stride_ch + pid_m * stride_cm)
     idx_base = INDICES + h * stride_ih + pid_m * stride_im
     for t in range(0, n_visit):
-        kb = tl.load(idx_base + t * stride_it)                 # one scalar: the visited key block
-        start_n = kb * BLOCK
+        start_n = tl.load(idx_base + t * stride_it) * BLOCK      # one scalar: the visited key block
         offs_kn = start_n + offs_n
         k = tl.load(k_ptrs + start_n * stride_kt,
                     mask=(offs_kn[None, :] < T_K) & (offs_d[:, None] < D), other=0.0)
@@ -80,36 +78,36 @@ def _block_sparse_fwd_kernel(Q, K, V, O, LSE, COUNTS, INDICES,
         if CAUSAL:
             valid = valid & (offs_kn[None, :] <= offs_m[:, None])
         s = tl.where(valid, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)   # empty so far: exp2(-inf) = 0, no NaN
-        alpha = tl.exp2(m_i - m_ref)
-        p = tl.exp2(s - m_ref[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-        m_i = m_new
+        acc, l_i, m_i = online_softmax_update(acc, l_i, m_i, s, v, MAY_BE_EMPTY=True, PRECISION=PRECISION)
 
     empty = l_i == 0.0
     l_safe = tl.where(empty, 1.0, l_i)
     o = acc / l_safe[:, None]                                  # empty rows: acc = 0, so o = 0
-    lse = tl.where(empty, float("-inf"), (m_i + tl.log2(l_safe)) * 0.6931471805599453)
+    lse = tl.where(empty, float("-inf"), (m_i + tl.log2(l_safe)) * LN2)
 
     o_ptrs = O + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_ot + offs_dv[None, :] * stride_od
     tl.store(o_ptrs, o.to(O.dtype.element_ty), mask=(offs_m[:, None] < T_Q) & (offs_dv[None, :] < DV))
-    tl.store(LSE + b * stride_lb + h * stride_lh + offs_m * stride_lt, lse, mask=offs_m < T_Q)
+    tl.store(LSE + pid_bh * T_Q + offs_m, lse, mask=offs_m < T_Q)      # LSE: contiguous [B, H, Tq]
 
 
 def visit_lists(block_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``block_mask [H, nQ, nK]`` bool -> ``(counts [H, nQ] int32, indices [H, nQ, max(1, max count)] int32)``.
+    """``block_mask [H, nQ, nK]`` bool -> ``(counts [H, nQ] int32, indices [H, nQ, nK] int32)``.
 
     ``indices[h, I, :counts[h, I]]`` lists the visited key blocks of query block ``I`` in increasing
-    order; the rest is padding (0) that the kernel never reads.
+    order; the rest is padding that the kernels never read. Torch ops only, on the mask's device: no
+    host synchronisation (the width is ``nK``, not the largest count, which would need ``.item()``).
+    Applied to ``block_mask.transpose(-1, -2)`` it gives, per key block, the query blocks that visit it.
     """
-    counts = block_mask.sum(-1).to(torch.int32)
-    width = max(1, int(counts.max().item()) if counts.numel() else 1)
+    counts = block_mask.sum(-1, dtype=torch.int32)
     # A stable descending sort of the 0/1 mask puts visited block indices first, in order.
     order = torch.sort(block_mask.to(torch.int8), dim=-1, descending=True, stable=True).indices
-    indices = order[..., :width].to(torch.int32).contiguous()
-    return counts.contiguous(), indices
+    return counts.contiguous(), order.to(torch.int32).contiguous()
+
+
+def check_block_size(block_size: int) -> None:
+    if block_size < 16:
+        raise ValueError(f"the Triton kernel needs block_size >= 16 (tl.dot tiles); got {block_size} "
+                         "(use backend='torch')")
 
 
 def block_sparse_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -118,34 +116,30 @@ def block_sparse_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Te
     """Launch the kernel. Inputs already validated by ``attnlib.block_sparse_attention``.
 
     ``q, k: [B, H, T, D]``, ``v: [B, H, T, Dv]``, ``block_mask: [H, cdiv(Tq, bs), cdiv(Tk, bs)]``.
-    Returns ``(o, lse float32)``.
+    Returns ``(o, lse)``, ``lse`` a contiguous float32 ``[B, H, Tq]``. ``Dv = 0`` still gives the right
+    ``lse`` (it does not depend on v).
     """
-    if q.device.type == "cpu" and not INTERPRET:
-        raise RuntimeError("the Triton kernel needs a CUDA device or TRITON_INTERPRET=1")
     B, H, T_Q, D = q.shape
     T_K, DV = k.shape[2], v.shape[3]
-    if max(D, DV) > 256:
-        raise ValueError(f"the Triton kernel supports head dims up to 256; got D={D}, Dv={DV} "
-                         "(use backend='torch')")
-    if block_size < 16:
-        raise ValueError(f"the Triton kernel needs block_size >= 16 (tl.dot tiles); got {block_size} "
-                         "(use backend='torch')")
+    check_launchable(q, D, DV)
+    check_block_size(block_size)
+    if DV == 0:
+        o, lse = block_sparse_attention_forward(q, k, v.new_zeros(1).expand(B, H, T_K, 1), block_mask,
+                                                block_size=block_size, scale=scale, causal=causal)
+        return o[..., :0], lse
     o = torch.empty(B, H, T_Q, DV, device=q.device, dtype=q.dtype)
     lse = torch.empty(B, H, T_Q, device=q.device, dtype=torch.float32)
-    if o.numel() == 0:
-        lse.fill_(float("-inf"))
+    if B * H * T_Q == 0:
         return o, lse
-    counts, indices = visit_lists(block_mask.to(q.device))
-    BLOCK_D = max(16, triton.next_power_of_2(D))
-    BLOCK_DV = max(16, triton.next_power_of_2(DV))
-    precision = "ieee" if q.dtype == torch.float32 else "tf32"
+    counts, indices = visit_lists(block_mask)
     grid = (triton.cdiv(T_Q, block_size), B * H)
     _block_sparse_fwd_kernel[grid](
         q, k, v, o, lse, counts, indices,
-        *q.stride(), *k.stride(), *v.stride(), *o.stride(), *lse.stride(),
+        *q.stride(), *k.stride(), *v.stride(), *o.stride(),
         *counts.stride(), *indices.stride(),
         H, T_Q, T_K, D, DV, scale * LOG2E,
-        BLOCK=block_size, BLOCK_D=BLOCK_D, BLOCK_DV=BLOCK_DV, CAUSAL=causal, PRECISION=precision,
+        BLOCK=block_size, BLOCK_D=head_block(D), BLOCK_DV=head_block(DV), CAUSAL=causal,
+        PRECISION=precision_for(q.dtype),
         num_warps=4 if block_size <= 64 else 8, num_stages=2,
     )
     return o, lse
