@@ -221,9 +221,9 @@ def _configs(shapes):
 # dK/dV: narrow query blocks streamed past wide resident key blocks (BLOCK_N a multiple of BLOCK_M);
 # dQ: the mirror image. The first of each is the Triton tutorial's Hopper choice.
 _DKDV_CONFIGS = _configs([(32, 128, 4, 3), (32, 128, 8, 3), (64, 128, 8, 2), (32, 64, 4, 3), (16, 64, 4, 3),
-                          (16, 32, 4, 2)])
+                          (16, 32, 4, 2), (16, 32, 4, 1)])
 _DQ_CONFIGS = _configs([(128, 32, 4, 3), (128, 32, 8, 3), (128, 64, 8, 2), (64, 32, 4, 3), (64, 16, 4, 3),
-                        (32, 16, 4, 2)])
+                        (32, 16, 4, 2), (32, 16, 4, 1)])
 _KEY = ["T_BUCKET", "D", "DV", "CAUSAL"]
 
 if INTERPRET:

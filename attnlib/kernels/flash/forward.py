@@ -150,7 +150,8 @@ def _prune_fwd(configs, nargs, **kwargs):
 # with BLOCK_N <= BLOCK_M so that the causal diagonal stage starts on a key-tile boundary.
 _FWD_CONFIGS = [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
                 for bm, bn, w, s in [(128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (128, 32, 4, 4),
-                                     (64, 64, 4, 3), (64, 32, 4, 4), (64, 64, 4, 2), (32, 32, 4, 2)]]
+                                     (64, 64, 4, 3), (64, 32, 4, 4), (64, 64, 4, 2), (32, 32, 4, 2),
+                                     (64, 32, 4, 1)]]   # the last: D = 256 in float32
 
 if INTERPRET:
     _flash_fwd = _flash_fwd_kernel          # one fixed configuration, chosen at the launch
