@@ -1,1 +1,0 @@
-"""Kernel pieces shared by several ops (each file with its own tiling docstring)."""
