@@ -21,34 +21,34 @@ TOL = 1e-5
 BS = 16
 
 
-def _inputs(B, H, T, D, Dv, density, seed):
+def _inputs(B, H, T, D, Dv, density, seed, bs=BS):
     g = torch.Generator().manual_seed(seed)
     q = torch.randn(B, H, T, D, generator=g, dtype=torch.float64)
     k = torch.randn(B, H, T, D, generator=g, dtype=torch.float64)
     v = torch.randn(B, H, T, Dv, generator=g, dtype=torch.float64)
-    nb = n_blocks(T, BS)
+    nb = n_blocks(T, bs)
     mask = torch.rand(H, nb, nb, generator=g) < density
     w_o = torch.randn(B, H, T, Dv, generator=g, dtype=torch.float64)
     w_lse = torch.randn(B, H, T, generator=g, dtype=torch.float64)
     return q, k, v, mask, w_o, w_lse
 
 
-def _run(q, k, v, mask, w_o, w_lse, *, causal, backend, dtype):
+def _run(q, k, v, mask, w_o, w_lse, *, causal, backend, dtype, bs=BS):
     q, k, v = (t.to(dtype).requires_grad_() for t in (q, k, v))
     if backend == "reference":
-        o, lse = block_sparse_attention_reference(q, k, v, mask, block_size=BS, scale=q.shape[-1] ** -0.5,
+        o, lse = block_sparse_attention_reference(q, k, v, mask, block_size=bs, scale=q.shape[-1] ** -0.5,
                                                   causal=causal)
     else:
-        o, lse = block_sparse_attention(q, k, v, mask, block_size=BS, causal=causal, return_lse=True,
+        o, lse = block_sparse_attention(q, k, v, mask, block_size=bs, causal=causal, return_lse=True,
                                         backend="triton")
     seen = torch.isfinite(lse)                    # rows that visit no key have lse = -inf
     (o * w_o.to(dtype)).sum().add((torch.where(seen, lse, 0) * w_lse.to(lse.dtype)).sum()).backward()
     return o, torch.where(seen, lse, 0), q.grad, k.grad, v.grad
 
 
-def _assert_matches_reference(q, k, v, mask, w_o, w_lse, causal):
-    got = _run(q, k, v, mask, w_o, w_lse, causal=causal, backend="triton", dtype=torch.float32)
-    want = _run(q, k, v, mask, w_o, w_lse, causal=causal, backend="reference", dtype=torch.float64)
+def _assert_matches_reference(q, k, v, mask, w_o, w_lse, causal, bs=BS):
+    got = _run(q, k, v, mask, w_o, w_lse, causal=causal, backend="triton", dtype=torch.float32, bs=bs)
+    want = _run(q, k, v, mask, w_o, w_lse, causal=causal, backend="reference", dtype=torch.float64, bs=bs)
     for name, a, b in zip(("o", "lse", "dq", "dk", "dv"), got, want):
         assert a.shape == b.shape and torch.isfinite(a).all(), name
         if b.numel() and b.norm() > 0:
@@ -67,6 +67,13 @@ def _assert_matches_reference(q, k, v, mask, w_o, w_lse, causal):
 ])
 def test_forward_and_every_gradient_match_the_float64_reference(B, T, D, Dv, causal, density):
     _assert_matches_reference(*_inputs(B, 2, T, D, Dv, density, seed=T + D), causal)
+
+
+@pytest.mark.parametrize("bs,causal", [(32, True), (64, False)])
+def test_blocks_wider_than_the_kernel_tile(bs, causal):
+    """The kernels' tiles divide the mask's block (16 under the interpreter): several tiles per block,
+    the causal diagonal inside a block, and a block cut short by T."""
+    _assert_matches_reference(*_inputs(1, 2, 90, 8, 12, 0.6, seed=bs, bs=bs), causal, bs=bs)
 
 
 def test_value_dim_zero_gives_the_right_lse_and_its_gradients():

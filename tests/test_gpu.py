@@ -183,7 +183,8 @@ def test_block_sparse_attention(dtype, T, D, bs, causal):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("T,D,Dv,bs,causal", [(200, 64, 64, 16, False), (333, 64, 40, 32, True),
-                                              (1000, 128, 128, 64, True), (95, 40, 24, 16, False)])
+                                              (1000, 128, 128, 64, True), (95, 40, 24, 16, False),
+                                              (700, 64, 64, 256, True), (1100, 256, 256, 1024, False)])
 def test_block_sparse_attention_backward(dtype, T, D, Dv, bs, causal):
     q, k = _randn(1, 3, T, D, dtype=dtype, seed=T), _randn(1, 3, T, D, dtype=dtype, seed=T + 1)
     v = _randn(1, 3, T, Dv, dtype=dtype, seed=T + 2)

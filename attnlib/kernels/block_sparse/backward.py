@@ -4,12 +4,16 @@ The same three launches as the dense backward (``attnlib/kernels/flash/backward.
 same tile updates (``attnlib/kernels/common/online_softmax.py``):
 
 1. ``delta_i = rowsum(dO * O)_i - dlse_i`` over query blocks.
-2. dK, dV -- grid ``(cdiv(Tk, BLOCK), B * H)``: one program owns key block ``J`` of one (batch, head),
-   keeps ``k``, ``v`` and the fp32 ``dk``, ``dv`` in registers, and walks *only the query blocks that
-   visit J*: the transposed lists ``counts_T[h, J]``, ``indices_T[h, J, :]`` -- built by the same torch
-   sort on ``block_mask.transpose(-1, -2)``, on the device, with no host synchronisation.
-3. dQ -- grid ``(cdiv(Tq, BLOCK), B * H)``: one program owns query block ``I`` and walks the key
-   blocks it visits (the forward's lists).
+2. dK, dV -- grid ``(cdiv(Tk, BLOCK_N), B * H)``: one program owns ``BLOCK_N`` keys (inside key block
+   ``J``) of one (batch, head), keeps ``k``, ``v`` and the fp32 ``dk``, ``dv`` in registers, and walks
+   *only the query blocks that visit J* -- the transposed lists ``counts_T[h, J]``,
+   ``indices_T[h, J, :]``, built by the same torch sort on ``block_mask.transpose(-1, -2)``, on the
+   device, with no host synchronisation -- each in ``BLOCK_M``-row tiles.
+3. dQ -- grid ``(cdiv(Tq, BLOCK_M), B * H)``: one program owns ``BLOCK_M`` queries (inside query block
+   ``I``) and walks the key blocks ``I`` visits (the forward's lists) in ``BLOCK_N``-key tiles.
+
+As in the forward, the tiles divide the mask's block size ``BS`` (so any ``BS`` up to 1024 launches),
+and tiles past the ends or wholly on the far side of the causal diagonal are skipped.
 
 Every tile is masked (causal diagonal; ragged tails load as zeros and add nothing). Rows that visit no
 key have ``lse = -inf``; the wrapper hands the kernels ``+inf`` for them, so their ``P`` is 0 and they
@@ -24,7 +28,7 @@ import triton.language as tl
 
 from ..common.online_softmax import LOG2E, backward_delta, dkdv_tile, dq_tile, head_block
 from ..flash.forward import check_launchable, precision_for
-from .forward import check_block_size, visit_lists
+from .forward import check_block_size, tile, visit_lists
 
 
 @triton.jit
@@ -37,14 +41,17 @@ def _block_sparse_bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV_OUT, COUNTS_T,
                                   stride_dvb, stride_dvh, stride_dvt, stride_dvd,
                                   stride_ch, stride_cn, stride_ih, stride_in, stride_it,
                                   H, T_Q, T_K, D, DV, qk_scale, sm_scale,
-                                  BLOCK: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+                                  BS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                                  BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
                                   CAUSAL: tl.constexpr, PRECISION: tl.constexpr):
     pid_n = tl.program_id(0)
     pid_bh = tl.program_id(1)
     b = pid_bh // H
     h = pid_bh % H
-    offs_n = pid_n * BLOCK + tl.arange(0, BLOCK)
-    offs_mb = tl.arange(0, BLOCK)
+    start_n = pid_n * BLOCK_N
+    k_block = start_n // BS
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    offs_mb = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
 
@@ -57,20 +64,24 @@ def _block_sparse_bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV_OUT, COUNTS_T,
     q_ptrs = Q + b * stride_qb + h * stride_qh + offs_mb[:, None] * stride_qt + offs_d[None, :] * stride_qd
     do_ptrs = DO + b * stride_dob + h * stride_doh + offs_mb[:, None] * stride_dot + offs_dv[None, :] * stride_dod
 
-    dk = tl.zeros([BLOCK, BLOCK_D], dtype=tl.float32)
-    dv = tl.zeros([BLOCK, BLOCK_DV], dtype=tl.float32)
-    n_visit = tl.load(COUNTS_T + h * stride_ch + pid_n * stride_cn)
-    idx_base = INDICES_T + h * stride_ih + pid_n * stride_in
+    dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_DV], dtype=tl.float32)
+    n_visit = tl.load(COUNTS_T + h * stride_ch + k_block * stride_cn)
+    idx_base = INDICES_T + h * stride_ih + k_block * stride_in
     for t in range(0, n_visit):
-        start_m = tl.load(idx_base + t * stride_it) * BLOCK      # a query block that visits this key block
-        offs_m = start_m + offs_mb
-        rows = offs_m < T_Q
-        q = tl.load(q_ptrs + start_m * stride_qt, mask=rows[:, None] & (offs_d[None, :] < D), other=0.0)
-        do = tl.load(do_ptrs + start_m * stride_dot, mask=rows[:, None] & (offs_dv[None, :] < DV), other=0.0)
-        lse2 = tl.load(LSE + pid_bh * T_Q + offs_m, mask=rows, other=float("inf")) * LOG2E
-        delta = tl.load(DELTA + pid_bh * T_Q + offs_m, mask=rows, other=0.0)
-        dk, dv = dkdv_tile(dk, dv, k, v, q, do, lse2, delta, offs_m, offs_n, qk_scale,
-                           MASK_CAUSAL=CAUSAL, PRECISION=PRECISION)
+        block_start = tl.load(idx_base + t * stride_it) * BS      # a query block that visits this key block
+        lo = block_start
+        if CAUSAL:
+            lo = tl.maximum(lo, (start_n // BLOCK_M) * BLOCK_M)     # rows before every key: nothing to add
+        for start_m in range(lo, tl.minimum(block_start + BS, T_Q), BLOCK_M):
+            offs_m = start_m + offs_mb
+            rows = offs_m < T_Q
+            q = tl.load(q_ptrs + start_m * stride_qt, mask=rows[:, None] & (offs_d[None, :] < D), other=0.0)
+            do = tl.load(do_ptrs + start_m * stride_dot, mask=rows[:, None] & (offs_dv[None, :] < DV), other=0.0)
+            lse2 = tl.load(LSE + pid_bh * T_Q + offs_m, mask=rows, other=float("inf")) * LOG2E
+            delta = tl.load(DELTA + pid_bh * T_Q + offs_m, mask=rows, other=0.0)
+            dk, dv = dkdv_tile(dk, dv, k, v, q, do, lse2, delta, offs_m, offs_n, qk_scale,
+                               MASK_CAUSAL=CAUSAL, PRECISION=PRECISION)
 
     dk_ptrs = DK + b * stride_dkb + h * stride_dkh + offs_n[:, None] * stride_dkt + offs_d[None, :] * stride_dkd
     dv_ptrs = DV_OUT + b * stride_dvb + h * stride_dvh + offs_n[:, None] * stride_dvt + offs_dv[None, :] * stride_dvd
@@ -87,14 +98,17 @@ def _block_sparse_bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, COUNTS, INDICES,
                                 stride_dqb, stride_dqh, stride_dqt, stride_dqd,
                                 stride_ch, stride_cm, stride_ih, stride_im, stride_it,
                                 H, T_Q, T_K, D, DV, qk_scale, sm_scale,
-                                BLOCK: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+                                BS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                                BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
                                 CAUSAL: tl.constexpr, PRECISION: tl.constexpr):
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
     b = pid_bh // H
     h = pid_bh % H
-    offs_m = pid_m * BLOCK + tl.arange(0, BLOCK)
-    offs_nb = tl.arange(0, BLOCK)
+    start_m = pid_m * BLOCK_M
+    q_block = start_m // BS
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_nb = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
 
@@ -109,16 +123,20 @@ def _block_sparse_bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, COUNTS, INDICES,
     k_ptrs = K + b * stride_kb + h * stride_kh + offs_nb[:, None] * stride_kt + offs_d[None, :] * stride_kd
     v_ptrs = V + b * stride_vb + h * stride_vh + offs_nb[:, None] * stride_vt + offs_dv[None, :] * stride_vd
 
-    dq = tl.zeros([BLOCK, BLOCK_D], dtype=tl.float32)
-    n_visit = tl.load(COUNTS + h * stride_ch + pid_m * stride_cm)
-    idx_base = INDICES + h * stride_ih + pid_m * stride_im
+    dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    n_visit = tl.load(COUNTS + h * stride_ch + q_block * stride_cm)
+    idx_base = INDICES + h * stride_ih + q_block * stride_im
     for t in range(0, n_visit):
-        start_n = tl.load(idx_base + t * stride_it) * BLOCK
-        keys = (start_n + offs_nb) < T_K
-        k = tl.load(k_ptrs + start_n * stride_kt, mask=keys[:, None] & (offs_d[None, :] < D), other=0.0)
-        v = tl.load(v_ptrs + start_n * stride_vt, mask=keys[:, None] & (offs_dv[None, :] < DV), other=0.0)
-        dq = dq_tile(dq, q, do, lse2, delta, k, v, offs_m, start_n + offs_nb, qk_scale,
-                     MASK_CAUSAL=CAUSAL, PRECISION=PRECISION)
+        block_start = tl.load(idx_base + t * stride_it) * BS
+        hi = tl.minimum(block_start + BS, T_K)
+        if CAUSAL:
+            hi = tl.minimum(hi, start_m + BLOCK_M)                  # keys after every row: nothing to add
+        for start_n in range(block_start, hi, BLOCK_N):
+            keys = (start_n + offs_nb) < T_K
+            k = tl.load(k_ptrs + start_n * stride_kt, mask=keys[:, None] & (offs_d[None, :] < D), other=0.0)
+            v = tl.load(v_ptrs + start_n * stride_vt, mask=keys[:, None] & (offs_dv[None, :] < DV), other=0.0)
+            dq = dq_tile(dq, q, do, lse2, delta, k, v, offs_m, start_n + offs_nb, qk_scale,
+                         MASK_CAUSAL=CAUSAL, PRECISION=PRECISION)
 
     dq_ptrs = DQ + b * stride_dqb + h * stride_dqh + offs_m[:, None] * stride_dqt + offs_d[None, :] * stride_dqd
     tl.store(dq_ptrs, (dq * sm_scale).to(DQ.dtype.element_ty), mask=qmask)
@@ -152,17 +170,21 @@ def block_sparse_attention_backward(q, k, v, o, lse, do, dlse, block_mask, *, bl
     lse = torch.where(torch.isneginf(lse), torch.full_like(lse, float("inf")), lse).contiguous()
     counts, indices = visit_lists(block_mask)
     counts_t, indices_t = visit_lists(block_mask.transpose(-1, -2))
-    meta = dict(BLOCK=block_size, BLOCK_D=head_block(D), BLOCK_DV=head_block(DV), CAUSAL=causal,
-                PRECISION=precision_for(q.dtype), num_warps=4 if block_size <= 64 else 8, num_stages=2)
+    width = max(D, DV)
+    meta = dict(BS=block_size, BLOCK_D=head_block(D), BLOCK_DV=head_block(DV), CAUSAL=causal,
+                PRECISION=precision_for(q.dtype), num_stages=2)
     sizes = (H, T_Q, T_K, D, DV, scale * LOG2E, scale)
-    _block_sparse_bwd_dkdv_kernel[(triton.cdiv(T_K, block_size), B * H)](
+    # dK/dV: wide resident key tiles, narrow streamed query tiles; dQ: the mirror image (as in flash).
+    bm, bn = tile(block_size, 32, width), tile(block_size, 64, width)
+    _block_sparse_bwd_dkdv_kernel[(triton.cdiv(T_K, bn), B * H)](
         q, k, v, do, lse, delta, dk, dv, counts_t, indices_t,
         *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk.stride(), *dv.stride(),
-        *counts_t.stride(), *indices_t.stride(), *sizes, **meta)
-    _block_sparse_bwd_dq_kernel[(triton.cdiv(T_Q, block_size), B * H)](
+        *counts_t.stride(), *indices_t.stride(), *sizes, BLOCK_M=bm, BLOCK_N=bn, num_warps=4, **meta)
+    bm, bn = tile(block_size, 64, width), tile(block_size, 32, width)
+    _block_sparse_bwd_dq_kernel[(triton.cdiv(T_Q, bm), B * H)](
         q, k, v, do, lse, delta, dq, counts, indices,
         *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(),
-        *counts.stride(), *indices.stride(), *sizes, **meta)
+        *counts.stride(), *indices.stride(), *sizes, BLOCK_M=bm, BLOCK_N=bn, num_warps=4, **meta)
     return dq, dk, dv
 
 

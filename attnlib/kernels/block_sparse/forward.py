@@ -10,14 +10,17 @@ query block; no host synchronisation, so the list width is the full ``nK``):
     counts[h, I]        -- how many key blocks query block I visits,
     indices[h, I, t]    -- the t-th visited key block (t < counts[h, I]); the rest is never read.
 
-Tiling. The grid is ``(cdiv(Tq, BLOCK), B * H)``: one program owns ``BLOCK`` query rows of one
-(batch, head), keeps its ``q`` tile in registers and walks *only its visited key blocks*
-(``for t in range(counts[h, I])``, then one scalar load of the block index), folding each
-``[BLOCK, BLOCK]`` score tile into the online-softmax state ``(m_i, l_i, acc)`` with the very update the
-dense flash kernel uses (``attnlib/kernels/common/online_softmax.py``). Unvisited blocks are never
-loaded: the work is proportional to the number of visited blocks, not to ``T^2``.
+Tiling. The mask's block size ``BS`` and the kernel's tiles are decoupled: ``BLOCK_M`` and ``BLOCK_N``
+divide ``BS`` (``BS`` up to 1024 would not fit a GPU tile). The grid is ``(cdiv(Tq, BLOCK_M), B * H)``:
+one program owns ``BLOCK_M`` query rows of one (batch, head), all in query block ``I``, keeps its ``q``
+tile in registers and walks *only the visited key blocks of I* (``for t in range(counts[h, I])``,
+then one scalar load of the block index), each in ``BLOCK_N``-key tiles, folding every
+``[BLOCK_M, BLOCK_N]`` score tile into the online-softmax state ``(m_i, l_i, acc)`` with the very update
+the dense flash kernel uses (``attnlib/kernels/common/online_softmax.py``). Unvisited blocks are never
+loaded: the work is proportional to the number of visited blocks, not to ``T^2``. Tiles past ``Tk``,
+and when causal tiles wholly right of the program's last query, are skipped.
 
-Every tile is masked (ragged tail ``T % BLOCK``; the diagonal when causal) -- visited sets are
+Every tile is masked (ragged tail ``T % BLOCK_N``; the diagonal when causal) -- visited sets are
 usually small, so the two-stage unmasked/masked split of the dense kernel is not worth its code.
 
 Rows that see no key (an empty row of the mask, or a causal block with nothing at or left of the
@@ -31,6 +34,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..._backend import INTERPRET
 from ..common.online_softmax import LN2, LOG2E, head_block, online_softmax_update
 from ..flash.forward import check_launchable, precision_for
 
@@ -43,42 +47,49 @@ def _block_sparse_fwd_kernel(Q, K, V, O, LSE, COUNTS, INDICES,
                              stride_ob, stride_oh, stride_ot, stride_od,
                              stride_ch, stride_cm, stride_ih, stride_im, stride_it,
                              H, T_Q, T_K, D, DV, qk_scale,
-                             BLOCK: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+                             BS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                             BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
                              CAUSAL: tl.constexpr, PRECISION: tl.constexpr):
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
     b = pid_bh // H
     h = pid_bh % H
-    offs_m = pid_m * BLOCK + tl.arange(0, BLOCK)
-    offs_n = tl.arange(0, BLOCK)
+    start_m = pid_m * BLOCK_M
+    q_block = start_m // BS
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
 
     q_ptrs = Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qt + offs_d[None, :] * stride_qd
     q = tl.load(q_ptrs, mask=(offs_m[:, None] < T_Q) & (offs_d[None, :] < D), other=0.0)
-    # k is read transposed, [BLOCK_D, BLOCK], so that s = q @ k needs no in-register transpose.
+    # k is read transposed, [BLOCK_D, BLOCK_N], so that s = q @ k needs no in-register transpose.
     k_ptrs = K + b * stride_kb + h * stride_kh + offs_n[None, :] * stride_kt + offs_d[:, None] * stride_kd
     v_ptrs = V + b * stride_vb + h * stride_vh + offs_n[:, None] * stride_vt + offs_dv[None, :] * stride_vd
 
-    m_i = tl.full([BLOCK], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK], dtype=tl.float32)
-    acc = tl.zeros([BLOCK, BLOCK_DV], dtype=tl.float32)
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
 
-    n_visit = tl.load(COUNTS + h * stride_ch + pid_m * stride_cm)
-    idx_base = INDICES + h * stride_ih + pid_m * stride_im
+    n_visit = tl.load(COUNTS + h * stride_ch + q_block * stride_cm)
+    idx_base = INDICES + h * stride_ih + q_block * stride_im
     for t in range(0, n_visit):
-        start_n = tl.load(idx_base + t * stride_it) * BLOCK      # one scalar: the visited key block
-        offs_kn = start_n + offs_n
-        k = tl.load(k_ptrs + start_n * stride_kt,
-                    mask=(offs_kn[None, :] < T_K) & (offs_d[:, None] < D), other=0.0)
-        v = tl.load(v_ptrs + start_n * stride_vt,
-                    mask=(offs_kn[:, None] < T_K) & (offs_dv[None, :] < DV), other=0.0)
-        s = tl.dot(q, k, input_precision=PRECISION) * qk_scale                # base-2 logits
-        valid = offs_kn[None, :] < T_K
+        block_start = tl.load(idx_base + t * stride_it) * BS      # one scalar: the visited key block
+        hi = tl.minimum(block_start + BS, T_K)
         if CAUSAL:
-            valid = valid & (offs_kn[None, :] <= offs_m[:, None])
-        s = tl.where(valid, s, float("-inf"))
-        acc, l_i, m_i = online_softmax_update(acc, l_i, m_i, s, v, MAY_BE_EMPTY=True, PRECISION=PRECISION)
+            hi = tl.minimum(hi, start_m + BLOCK_M)                  # keys after every row: nothing to add
+        for start_n in range(block_start, hi, BLOCK_N):
+            offs_kn = start_n + offs_n
+            k = tl.load(k_ptrs + start_n * stride_kt,
+                        mask=(offs_kn[None, :] < T_K) & (offs_d[:, None] < D), other=0.0)
+            v = tl.load(v_ptrs + start_n * stride_vt,
+                        mask=(offs_kn[:, None] < T_K) & (offs_dv[None, :] < DV), other=0.0)
+            s = tl.dot(q, k, input_precision=PRECISION) * qk_scale            # base-2 logits
+            valid = offs_kn[None, :] < T_K
+            if CAUSAL:
+                valid = valid & (offs_kn[None, :] <= offs_m[:, None])
+            s = tl.where(valid, s, float("-inf"))
+            acc, l_i, m_i = online_softmax_update(acc, l_i, m_i, s, v, MAY_BE_EMPTY=True, PRECISION=PRECISION)
 
     empty = l_i == 0.0
     l_safe = tl.where(empty, 1.0, l_i)
@@ -110,6 +121,14 @@ def check_block_size(block_size: int) -> None:
                          "(use backend='torch')")
 
 
+def tile(block_size: int, gpu_tile: int, head_dim: int) -> int:
+    """A kernel tile that divides the mask's block: ``min(block_size, gpu_tile)``, halved for heads wider
+    than 128 (registers); 16 under the interpreter, so that CPU tests cover several tiles per block."""
+    if INTERPRET:
+        return 16
+    return min(block_size, gpu_tile if head_dim <= 128 else gpu_tile // 2)
+
+
 def block_sparse_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                                    block_mask: torch.Tensor, *, block_size: int, scale: float,
                                    causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -132,17 +151,19 @@ def block_sparse_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Te
     if B * H * T_Q == 0:
         return o, lse
     counts, indices = visit_lists(block_mask)
-    grid = (triton.cdiv(T_Q, block_size), B * H)
+    width = max(D, DV)
+    BLOCK_M, BLOCK_N = tile(block_size, 128, width), tile(block_size, 64, width)
+    grid = (triton.cdiv(T_Q, BLOCK_M), B * H)
     _block_sparse_fwd_kernel[grid](
         q, k, v, o, lse, counts, indices,
         *q.stride(), *k.stride(), *v.stride(), *o.stride(),
         *counts.stride(), *indices.stride(),
         H, T_Q, T_K, D, DV, scale * LOG2E,
-        BLOCK=block_size, BLOCK_D=head_block(D), BLOCK_DV=head_block(DV), CAUSAL=causal,
-        PRECISION=precision_for(q.dtype),
-        num_warps=4 if block_size <= 64 else 8, num_stages=2,
+        BS=block_size, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_D=head_block(D), BLOCK_DV=head_block(DV),
+        CAUSAL=causal, PRECISION=precision_for(q.dtype),
+        num_warps=4 if BLOCK_M <= 64 else 8, num_stages=2,
     )
     return o, lse
 
 
-__all__ = ["block_sparse_attention_forward", "visit_lists"]
+__all__ = ["block_sparse_attention_forward", "tile", "visit_lists"]
