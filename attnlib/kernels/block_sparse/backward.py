@@ -173,7 +173,7 @@ def block_sparse_attention_backward(q, k, v, o, lse, do, dlse, block_mask, *, bl
     width = max(D, DV)
     meta = dict(BS=block_size, BLOCK_D=head_block(D), BLOCK_DV=head_block(DV), CAUSAL=causal,
                 PRECISION=precision_for(q.dtype), num_stages=2)
-    sizes = (H, T_Q, T_K, D, DV, scale * LOG2E, scale)
+    sizes = (H, T_Q, T_K, D, DV, scale * LOG2E.value, scale)
     # dK/dV: wide resident key tiles, narrow streamed query tiles; dQ: the mirror image (as in flash).
     bm, bn = tile(block_size, 32, width), tile(block_size, 64, width)
     _block_sparse_bwd_dkdv_kernel[(triton.cdiv(T_K, bn), B * H)](

@@ -158,7 +158,7 @@ def block_sparse_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Te
         q, k, v, o, lse, counts, indices,
         *q.stride(), *k.stride(), *v.stride(), *o.stride(),
         *counts.stride(), *indices.stride(),
-        H, T_Q, T_K, D, DV, scale * LOG2E,
+        H, T_Q, T_K, D, DV, scale * LOG2E.value,
         BS=block_size, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_D=head_block(D), BLOCK_DV=head_block(DV),
         CAUSAL=causal, PRECISION=precision_for(q.dtype),
         num_warps=4 if BLOCK_M <= 64 else 8, num_stages=2,

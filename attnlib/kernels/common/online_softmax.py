@@ -26,8 +26,10 @@ import torch
 import triton
 import triton.language as tl
 
-LOG2E = 1.4426950408889634   # log2(e): exp(x) = exp2(x * LOG2E)
-LN2 = 0.6931471805599453     # ln(2):   log(x) = log2(x) * LN2
+# constexpr, so that compiled kernels may read them (a plain global float is refused by Triton's
+# compiler, though the interpreter accepts it); the host reads ``LOG2E.value``.
+LOG2E = tl.constexpr(1.4426950408889634)   # log2(e): exp(x) = exp2(x * LOG2E)
+LN2 = tl.constexpr(0.6931471805599453)     # ln(2):   log(x) = log2(x) * LN2
 
 
 @triton.jit

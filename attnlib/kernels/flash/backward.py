@@ -261,7 +261,7 @@ def flash_attention_backward(q, k, v, o, lse, do, dlse, *, scale: float, causal:
     BLOCK_D, BLOCK_DV = head_block(D), head_block(DV)
     common = dict(BLOCK_D=BLOCK_D, BLOCK_DV=BLOCK_DV, CAUSAL=causal, EVEN_D=(D == BLOCK_D and DV == BLOCK_DV),
                   PRECISION=precision_for(q.dtype))
-    sizes = (H, T_Q, T_K, D, DV, scale * LOG2E, scale, length_bucket(max(T_Q, T_K)))
+    sizes = (H, T_Q, T_K, D, DV, scale * LOG2E.value, scale, length_bucket(max(T_Q, T_K)))
     _dkdv[lambda meta: (triton.cdiv(T_K, meta["BLOCK_N"]), B * H)](
         q, k, v, do, lse, delta, dk, dv,
         *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk.stride(), *dv.stride(),

@@ -208,7 +208,7 @@ def flash_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *
     _flash_fwd[grid](
         q, k, v, o, lse,
         *q.stride(), *k.stride(), *v.stride(), *o.stride(),
-        H, T_Q, T_K, D, DV, scale * LOG2E, length_bucket(max(T_Q, T_K)),
+        H, T_Q, T_K, D, DV, scale * LOG2E.value, length_bucket(max(T_Q, T_K)),
         BLOCK_D=BLOCK_D, BLOCK_DV=BLOCK_DV, CAUSAL=causal, EVEN_D=(D == BLOCK_D and DV == BLOCK_DV),
         PRECISION=precision_for(q.dtype), **fixed,
     )
