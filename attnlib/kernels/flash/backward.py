@@ -40,26 +40,32 @@ from .forward import SMEM_BUDGET, check_launchable, length_bucket, precision_for
 
 
 @triton.jit
-def _load_rows(ptrs, start, offs_t, offs_c, stride_t, T, C, MASK_T: tl.constexpr, EVEN_C: tl.constexpr):
-    """A ``[BLOCK, BLOCK_C]`` tile of rows ``start + offs_t`` (zeros past ``T`` and past ``C`` columns)."""
+def _load_rows(base, start, offs_t, offs_c, stride_t, stride_c, T, C, MASK_T: tl.constexpr, EVEN_C: tl.constexpr):
+    """A ``[BLOCK, BLOCK_C]`` tile of rows ``start + offs_t`` (zeros past ``T`` and past ``C`` columns).
+
+    The pointer tile is rebuilt from the scalar base on every call rather than kept live across the
+    loop (a tile of 64-bit pointers costs two registers per element: see ``forward.py``)."""
+    rows = start + offs_t
+    ptrs = base + rows[:, None] * stride_t + offs_c[None, :] * stride_c
     if MASK_T:
-        x = tl.load(ptrs + start * stride_t, mask=((start + offs_t)[:, None] < T) & (offs_c[None, :] < C), other=0.0)
+        x = tl.load(ptrs, mask=(rows[:, None] < T) & (offs_c[None, :] < C), other=0.0)
     elif EVEN_C:
-        x = tl.load(ptrs + start * stride_t)
+        x = tl.load(ptrs)
     else:
-        x = tl.load(ptrs + start * stride_t, mask=offs_c[None, :] < C, other=0.0)
+        x = tl.load(ptrs, mask=offs_c[None, :] < C, other=0.0)
     return x
 
 
 @triton.jit
-def _dkdv_over_queries(dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, lo, hi, offs_n, offs_mb, offs_d,
-                       offs_dv, stride_qt, stride_dot, T_Q, D, DV, qk_scale,
+def _dkdv_over_queries(dk, dv, k, v, Q_base, DO_base, lse_ptr, delta_ptr, lo, hi, offs_n, offs_mb, offs_d,
+                       offs_dv, stride_qt, stride_qd, stride_dot, stride_dod, T_Q, D, DV, qk_scale,
                        BLOCK_M: tl.constexpr, MASK_T: tl.constexpr, MASK_CAUSAL: tl.constexpr,
                        EVEN_D: tl.constexpr, PRECISION: tl.constexpr):
     for start_m in range(lo, hi, BLOCK_M):
         offs_m = start_m + offs_mb
-        q = _load_rows(q_ptrs, start_m, offs_mb, offs_d, stride_qt, T_Q, D, MASK_T=MASK_T, EVEN_C=EVEN_D)
-        do = _load_rows(do_ptrs, start_m, offs_mb, offs_dv, stride_dot, T_Q, DV, MASK_T=MASK_T, EVEN_C=EVEN_D)
+        q = _load_rows(Q_base, start_m, offs_mb, offs_d, stride_qt, stride_qd, T_Q, D, MASK_T=MASK_T, EVEN_C=EVEN_D)
+        do = _load_rows(DO_base, start_m, offs_mb, offs_dv, stride_dot, stride_dod, T_Q, DV, MASK_T=MASK_T,
+                        EVEN_C=EVEN_D)
         if MASK_T:
             lse2 = tl.load(lse_ptr + offs_m, mask=offs_m < T_Q, other=float("inf")) * LOG2E
             delta = tl.load(delta_ptr + offs_m, mask=offs_m < T_Q, other=0.0)
@@ -99,8 +105,8 @@ def _flash_bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV_OUT,
                 mask=kmask, other=0.0)
     v = tl.load(V + b * stride_vb + h * stride_vh + offs_n[:, None] * stride_vt + offs_dv[None, :] * stride_vd,
                 mask=vmask, other=0.0)
-    q_ptrs = Q + b * stride_qb + h * stride_qh + offs_mb[:, None] * stride_qt + offs_d[None, :] * stride_qd
-    do_ptrs = DO + b * stride_dob + h * stride_doh + offs_mb[:, None] * stride_dot + offs_dv[None, :] * stride_dod
+    Q_base = Q + b * stride_qb + h * stride_qh
+    DO_base = DO + b * stride_dob + h * stride_doh
     lse_ptr = LSE + pid_bh * T_Q                     # LSE and DELTA: contiguous [B, H, Tq] fp32
     delta_ptr = DELTA + pid_bh * T_Q
 
@@ -111,19 +117,19 @@ def _flash_bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV_OUT,
     if CAUSAL:
         # The query blocks on this key block's diagonal (queries before start_n see none of its keys).
         lo = tl.minimum(start_n + BLOCK_N, T_Q)
-        dk, dv = _dkdv_over_queries(dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, start_n, lo,
-                                    offs_n, offs_mb, offs_d, offs_dv, stride_qt, stride_dot, T_Q, D, DV,
-                                    qk_scale, BLOCK_M=BLOCK_M, MASK_T=True, MASK_CAUSAL=True,
+        dk, dv = _dkdv_over_queries(dk, dv, k, v, Q_base, DO_base, lse_ptr, delta_ptr, start_n, lo,
+                                    offs_n, offs_mb, offs_d, offs_dv, stride_qt, stride_qd, stride_dot, stride_dod,
+                                    T_Q, D, DV, qk_scale, BLOCK_M=BLOCK_M, MASK_T=True, MASK_CAUSAL=True,
                                     EVEN_D=EVEN_D, PRECISION=PRECISION)
     # Full query blocks below the diagonal (or all of them): no masks.
-    dk, dv = _dkdv_over_queries(dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, lo, full_end,
-                                offs_n, offs_mb, offs_d, offs_dv, stride_qt, stride_dot, T_Q, D, DV,
-                                qk_scale, BLOCK_M=BLOCK_M, MASK_T=False, MASK_CAUSAL=False,
+    dk, dv = _dkdv_over_queries(dk, dv, k, v, Q_base, DO_base, lse_ptr, delta_ptr, lo, full_end,
+                                offs_n, offs_mb, offs_d, offs_dv, stride_qt, stride_qd, stride_dot, stride_dod,
+                                T_Q, D, DV, qk_scale, BLOCK_M=BLOCK_M, MASK_T=False, MASK_CAUSAL=False,
                                 EVEN_D=EVEN_D, PRECISION=PRECISION)
     # The ragged last query block.
-    dk, dv = _dkdv_over_queries(dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, tl.maximum(lo, full_end),
-                                T_Q, offs_n, offs_mb, offs_d, offs_dv, stride_qt, stride_dot, T_Q, D, DV,
-                                qk_scale, BLOCK_M=BLOCK_M, MASK_T=True, MASK_CAUSAL=False,
+    dk, dv = _dkdv_over_queries(dk, dv, k, v, Q_base, DO_base, lse_ptr, delta_ptr, tl.maximum(lo, full_end), T_Q,
+                                offs_n, offs_mb, offs_d, offs_dv, stride_qt, stride_qd, stride_dot, stride_dod,
+                                T_Q, D, DV, qk_scale, BLOCK_M=BLOCK_M, MASK_T=True, MASK_CAUSAL=False,
                                 EVEN_D=EVEN_D, PRECISION=PRECISION)
 
     dk_ptrs = DK + b * stride_dkb + h * stride_dkh + offs_n[:, None] * stride_dkt + offs_d[None, :] * stride_dkd
@@ -133,13 +139,14 @@ def _flash_bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV_OUT,
 
 
 @triton.jit
-def _dq_over_keys(dq, q, do, lse2, delta, k_ptrs, v_ptrs, lo, hi, offs_m, offs_nb, offs_d, offs_dv,
-                  stride_kt, stride_vt, T_K, D, DV, qk_scale,
+def _dq_over_keys(dq, q, do, lse2, delta, K_base, V_base, lo, hi, offs_m, offs_nb, offs_d, offs_dv,
+                  stride_kt, stride_kd, stride_vt, stride_vd, T_K, D, DV, qk_scale,
                   BLOCK_N: tl.constexpr, MASK_T: tl.constexpr, MASK_CAUSAL: tl.constexpr,
                   EVEN_D: tl.constexpr, PRECISION: tl.constexpr):
     for start_n in range(lo, hi, BLOCK_N):
-        k = _load_rows(k_ptrs, start_n, offs_nb, offs_d, stride_kt, T_K, D, MASK_T=MASK_T, EVEN_C=EVEN_D)
-        v = _load_rows(v_ptrs, start_n, offs_nb, offs_dv, stride_vt, T_K, DV, MASK_T=MASK_T, EVEN_C=EVEN_D)
+        k = _load_rows(K_base, start_n, offs_nb, offs_d, stride_kt, stride_kd, T_K, D, MASK_T=MASK_T, EVEN_C=EVEN_D)
+        v = _load_rows(V_base, start_n, offs_nb, offs_dv, stride_vt, stride_vd, T_K, DV, MASK_T=MASK_T,
+                       EVEN_C=EVEN_D)
         # Keys past T_K load as zero rows of k: whatever their P, they add dS * 0 to dq.
         dq = dq_tile(dq, q, do, lse2, delta, k, v, offs_m, start_n + offs_nb, qk_scale,
                      MASK_CAUSAL=MASK_CAUSAL, PRECISION=PRECISION)
@@ -174,8 +181,8 @@ def _flash_bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ,
                  mask=(offs_m[:, None] < T_Q) & (offs_dv[None, :] < DV), other=0.0)
     lse2 = tl.load(LSE + pid_bh * T_Q + offs_m, mask=offs_m < T_Q, other=float("inf")) * LOG2E
     delta = tl.load(DELTA + pid_bh * T_Q + offs_m, mask=offs_m < T_Q, other=0.0)
-    k_ptrs = K + b * stride_kb + h * stride_kh + offs_nb[:, None] * stride_kt + offs_d[None, :] * stride_kd
-    v_ptrs = V + b * stride_vb + h * stride_vh + offs_nb[:, None] * stride_vt + offs_dv[None, :] * stride_vd
+    K_base = K + b * stride_kb + h * stride_kh
+    V_base = V + b * stride_vb + h * stride_vh
 
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     if CAUSAL:
@@ -184,12 +191,12 @@ def _flash_bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ,
     else:
         full_end = (T_K // BLOCK_N) * BLOCK_N
         masked_end = T_K
-    dq = _dq_over_keys(dq, q, do, lse2, delta, k_ptrs, v_ptrs, 0, full_end, offs_m, offs_nb, offs_d, offs_dv,
-                       stride_kt, stride_vt, T_K, D, DV, qk_scale, BLOCK_N=BLOCK_N, MASK_T=False,
+    dq = _dq_over_keys(dq, q, do, lse2, delta, K_base, V_base, 0, full_end, offs_m, offs_nb, offs_d, offs_dv,
+                       stride_kt, stride_kd, stride_vt, stride_vd, T_K, D, DV, qk_scale, BLOCK_N=BLOCK_N, MASK_T=False,
                        MASK_CAUSAL=False, EVEN_D=EVEN_D, PRECISION=PRECISION)
-    dq = _dq_over_keys(dq, q, do, lse2, delta, k_ptrs, v_ptrs, full_end, masked_end, offs_m, offs_nb, offs_d,
-                       offs_dv, stride_kt, stride_vt, T_K, D, DV, qk_scale, BLOCK_N=BLOCK_N, MASK_T=True,
-                       MASK_CAUSAL=CAUSAL, EVEN_D=EVEN_D, PRECISION=PRECISION)
+    dq = _dq_over_keys(dq, q, do, lse2, delta, K_base, V_base, full_end, masked_end, offs_m, offs_nb, offs_d,
+                       offs_dv, stride_kt, stride_kd, stride_vt, stride_vd, T_K, D, DV, qk_scale, BLOCK_N=BLOCK_N,
+                       MASK_T=True, MASK_CAUSAL=CAUSAL, EVEN_D=EVEN_D, PRECISION=PRECISION)
 
     dq_ptrs = DQ + b * stride_dqb + h * stride_dqh + offs_m[:, None] * stride_dqt + offs_d[None, :] * stride_dqd
     tl.store(dq_ptrs, (dq * sm_scale).to(DQ.dtype.element_ty), mask=qmask)
@@ -220,8 +227,8 @@ def _configs(shapes):
 
 # dK/dV: narrow query blocks streamed past wide resident key blocks (BLOCK_N a multiple of BLOCK_M);
 # dQ: the mirror image. The first of each is the Triton tutorial's Hopper choice.
-_DKDV_CONFIGS = _configs([(32, 128, 4, 3), (32, 128, 8, 3), (64, 128, 8, 2), (32, 64, 4, 3), (16, 64, 4, 3),
-                          (16, 32, 4, 2), (16, 32, 4, 1)])
+_DKDV_CONFIGS = _configs([(32, 128, 4, 3), (32, 128, 8, 3), (32, 64, 8, 3), (64, 128, 8, 2), (32, 64, 4, 3),
+                          (16, 64, 4, 3), (16, 32, 4, 2), (16, 32, 4, 1)])
 _DQ_CONFIGS = _configs([(128, 32, 4, 3), (128, 32, 8, 3), (128, 64, 8, 2), (64, 32, 4, 3), (64, 16, 4, 3),
                         (32, 16, 4, 2), (32, 16, 4, 1)])
 _KEY = ["T_BUCKET", "D", "DV", "CAUSAL"]
