@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..common.online_softmax import LOG2E, backward_delta, dkdv_tile, dq_tile, head_block
+from ..common.online_softmax import LOG2E, backward_delta, dkdv_tile, dq_tile, head_block, load_rows
 from ..flash.forward import check_launchable, precision_for
 from .forward import check_block_size, tile, visit_lists
 
@@ -61,8 +61,8 @@ def _block_sparse_bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV_OUT, COUNTS_T,
                 mask=kmask, other=0.0)
     v = tl.load(V + b * stride_vb + h * stride_vh + offs_n[:, None] * stride_vt + offs_dv[None, :] * stride_vd,
                 mask=vmask, other=0.0)
-    q_ptrs = Q + b * stride_qb + h * stride_qh + offs_mb[:, None] * stride_qt + offs_d[None, :] * stride_qd
-    do_ptrs = DO + b * stride_dob + h * stride_doh + offs_mb[:, None] * stride_dot + offs_dv[None, :] * stride_dod
+    Q_base = Q + b * stride_qb + h * stride_qh
+    DO_base = DO + b * stride_dob + h * stride_doh
 
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_DV], dtype=tl.float32)
@@ -76,8 +76,9 @@ def _block_sparse_bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV_OUT, COUNTS_T,
         for start_m in range(lo, tl.minimum(block_start + BS, T_Q), BLOCK_M):
             offs_m = start_m + offs_mb
             rows = offs_m < T_Q
-            q = tl.load(q_ptrs + start_m * stride_qt, mask=rows[:, None] & (offs_d[None, :] < D), other=0.0)
-            do = tl.load(do_ptrs + start_m * stride_dot, mask=rows[:, None] & (offs_dv[None, :] < DV), other=0.0)
+            q = load_rows(Q_base, start_m, offs_mb, offs_d, stride_qt, stride_qd, T_Q, D, MASK_T=True, EVEN_C=False)
+            do = load_rows(DO_base, start_m, offs_mb, offs_dv, stride_dot, stride_dod, T_Q, DV, MASK_T=True,
+                            EVEN_C=False)
             lse2 = tl.load(LSE + pid_bh * T_Q + offs_m, mask=rows, other=float("inf")) * LOG2E
             delta = tl.load(DELTA + pid_bh * T_Q + offs_m, mask=rows, other=0.0)
             dk, dv = dkdv_tile(dk, dv, k, v, q, do, lse2, delta, offs_m, offs_n, qk_scale,
@@ -120,8 +121,8 @@ def _block_sparse_bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, COUNTS, INDICES,
                  mask=rows[:, None] & (offs_dv[None, :] < DV), other=0.0)
     lse2 = tl.load(LSE + pid_bh * T_Q + offs_m, mask=rows, other=float("inf")) * LOG2E
     delta = tl.load(DELTA + pid_bh * T_Q + offs_m, mask=rows, other=0.0)
-    k_ptrs = K + b * stride_kb + h * stride_kh + offs_nb[:, None] * stride_kt + offs_d[None, :] * stride_kd
-    v_ptrs = V + b * stride_vb + h * stride_vh + offs_nb[:, None] * stride_vt + offs_dv[None, :] * stride_vd
+    K_base = K + b * stride_kb + h * stride_kh
+    V_base = V + b * stride_vb + h * stride_vh
 
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     n_visit = tl.load(COUNTS + h * stride_ch + q_block * stride_cm)
@@ -132,9 +133,9 @@ def _block_sparse_bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, COUNTS, INDICES,
         if CAUSAL:
             hi = tl.minimum(hi, start_m + BLOCK_M)                  # keys after every row: nothing to add
         for start_n in range(block_start, hi, BLOCK_N):
-            keys = (start_n + offs_nb) < T_K
-            k = tl.load(k_ptrs + start_n * stride_kt, mask=keys[:, None] & (offs_d[None, :] < D), other=0.0)
-            v = tl.load(v_ptrs + start_n * stride_vt, mask=keys[:, None] & (offs_dv[None, :] < DV), other=0.0)
+            k = load_rows(K_base, start_n, offs_nb, offs_d, stride_kt, stride_kd, T_K, D, MASK_T=True, EVEN_C=False)
+            v = load_rows(V_base, start_n, offs_nb, offs_dv, stride_vt, stride_vd, T_K, DV, MASK_T=True,
+                           EVEN_C=False)
             dq = dq_tile(dq, q, do, lse2, delta, k, v, offs_m, start_n + offs_nb, qk_scale,
                          MASK_CAUSAL=CAUSAL, PRECISION=PRECISION)
 
@@ -179,7 +180,8 @@ def block_sparse_attention_backward(q, k, v, o, lse, do, dlse, block_mask, *, bl
     _block_sparse_bwd_dkdv_kernel[(triton.cdiv(T_K, bn), B * H)](
         q, k, v, do, lse, delta, dk, dv, counts_t, indices_t,
         *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk.stride(), *dv.stride(),
-        *counts_t.stride(), *indices_t.stride(), *sizes, BLOCK_M=bm, BLOCK_N=bn, num_warps=4, **meta)
+        *counts_t.stride(), *indices_t.stride(), *sizes, BLOCK_M=bm, BLOCK_N=bn,
+        num_warps=8 if bn * width > 64 * 64 else 4, **meta)     # 4 warps spill k, v, dk, dv at D = 128
     bm, bn = tile(block_size, 64, width), tile(block_size, 32, width)
     _block_sparse_bwd_dq_kernel[(triton.cdiv(T_Q, bm), B * H)](
         q, k, v, do, lse, delta, dq, counts, indices,

@@ -35,7 +35,7 @@ import triton
 import triton.language as tl
 
 from ..._backend import INTERPRET
-from ..common.online_softmax import LN2, LOG2E, head_block, online_softmax_update
+from ..common.online_softmax import LN2, LOG2E, head_block, load_key_tile, online_softmax_update
 from ..flash.forward import check_launchable, precision_for
 
 
@@ -63,9 +63,8 @@ def _block_sparse_fwd_kernel(Q, K, V, O, LSE, COUNTS, INDICES,
 
     q_ptrs = Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qt + offs_d[None, :] * stride_qd
     q = tl.load(q_ptrs, mask=(offs_m[:, None] < T_Q) & (offs_d[None, :] < D), other=0.0)
-    # k is read transposed, [BLOCK_D, BLOCK_N], so that s = q @ k needs no in-register transpose.
-    k_ptrs = K + b * stride_kb + h * stride_kh + offs_n[None, :] * stride_kt + offs_d[:, None] * stride_kd
-    v_ptrs = V + b * stride_vb + h * stride_vh + offs_n[:, None] * stride_vt + offs_dv[None, :] * stride_vd
+    K_base = K + b * stride_kb + h * stride_kh
+    V_base = V + b * stride_vb + h * stride_vh
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -79,11 +78,9 @@ def _block_sparse_fwd_kernel(Q, K, V, O, LSE, COUNTS, INDICES,
         if CAUSAL:
             hi = tl.minimum(hi, start_m + BLOCK_M)                  # keys after every row: nothing to add
         for start_n in range(block_start, hi, BLOCK_N):
+            k, v = load_key_tile(K_base, V_base, start_n, offs_n, offs_d, offs_dv, stride_kt, stride_kd,
+                                  stride_vt, stride_vd, T_K, D, DV, MASK_T=True, EVEN_D=False)
             offs_kn = start_n + offs_n
-            k = tl.load(k_ptrs + start_n * stride_kt,
-                        mask=(offs_kn[None, :] < T_K) & (offs_d[:, None] < D), other=0.0)
-            v = tl.load(v_ptrs + start_n * stride_vt,
-                        mask=(offs_kn[:, None] < T_K) & (offs_dv[None, :] < DV), other=0.0)
             s = tl.dot(q, k, input_precision=PRECISION) * qk_scale            # base-2 logits
             valid = offs_kn[None, :] < T_K
             if CAUSAL:

@@ -35,25 +35,8 @@ import triton
 import triton.language as tl
 
 from ..._backend import INTERPRET
-from ..common.online_softmax import LOG2E, backward_delta, dkdv_tile, dq_tile, head_block
+from ..common.online_softmax import LOG2E, backward_delta, dkdv_tile, dq_tile, head_block, load_rows
 from .forward import SMEM_BUDGET, check_launchable, length_bucket, precision_for
-
-
-@triton.jit
-def _load_rows(base, start, offs_t, offs_c, stride_t, stride_c, T, C, MASK_T: tl.constexpr, EVEN_C: tl.constexpr):
-    """A ``[BLOCK, BLOCK_C]`` tile of rows ``start + offs_t`` (zeros past ``T`` and past ``C`` columns).
-
-    The pointer tile is rebuilt from the scalar base on every call rather than kept live across the
-    loop (a tile of 64-bit pointers costs two registers per element: see ``forward.py``)."""
-    rows = start + offs_t
-    ptrs = base + rows[:, None] * stride_t + offs_c[None, :] * stride_c
-    if MASK_T:
-        x = tl.load(ptrs, mask=(rows[:, None] < T) & (offs_c[None, :] < C), other=0.0)
-    elif EVEN_C:
-        x = tl.load(ptrs)
-    else:
-        x = tl.load(ptrs, mask=offs_c[None, :] < C, other=0.0)
-    return x
 
 
 @triton.jit
@@ -63,8 +46,8 @@ def _dkdv_over_queries(dk, dv, k, v, Q_base, DO_base, lse_ptr, delta_ptr, lo, hi
                        EVEN_D: tl.constexpr, PRECISION: tl.constexpr):
     for start_m in range(lo, hi, BLOCK_M):
         offs_m = start_m + offs_mb
-        q = _load_rows(Q_base, start_m, offs_mb, offs_d, stride_qt, stride_qd, T_Q, D, MASK_T=MASK_T, EVEN_C=EVEN_D)
-        do = _load_rows(DO_base, start_m, offs_mb, offs_dv, stride_dot, stride_dod, T_Q, DV, MASK_T=MASK_T,
+        q = load_rows(Q_base, start_m, offs_mb, offs_d, stride_qt, stride_qd, T_Q, D, MASK_T=MASK_T, EVEN_C=EVEN_D)
+        do = load_rows(DO_base, start_m, offs_mb, offs_dv, stride_dot, stride_dod, T_Q, DV, MASK_T=MASK_T,
                         EVEN_C=EVEN_D)
         if MASK_T:
             lse2 = tl.load(lse_ptr + offs_m, mask=offs_m < T_Q, other=float("inf")) * LOG2E
@@ -144,8 +127,8 @@ def _dq_over_keys(dq, q, do, lse2, delta, K_base, V_base, lo, hi, offs_m, offs_n
                   BLOCK_N: tl.constexpr, MASK_T: tl.constexpr, MASK_CAUSAL: tl.constexpr,
                   EVEN_D: tl.constexpr, PRECISION: tl.constexpr):
     for start_n in range(lo, hi, BLOCK_N):
-        k = _load_rows(K_base, start_n, offs_nb, offs_d, stride_kt, stride_kd, T_K, D, MASK_T=MASK_T, EVEN_C=EVEN_D)
-        v = _load_rows(V_base, start_n, offs_nb, offs_dv, stride_vt, stride_vd, T_K, DV, MASK_T=MASK_T,
+        k = load_rows(K_base, start_n, offs_nb, offs_d, stride_kt, stride_kd, T_K, D, MASK_T=MASK_T, EVEN_C=EVEN_D)
+        v = load_rows(V_base, start_n, offs_nb, offs_dv, stride_vt, stride_vd, T_K, DV, MASK_T=MASK_T,
                        EVEN_C=EVEN_D)
         # Keys past T_K load as zero rows of k: whatever their P, they add dS * 0 to dq.
         dq = dq_tile(dq, q, do, lse2, delta, k, v, offs_m, start_n + offs_nb, qk_scale,

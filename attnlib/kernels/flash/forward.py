@@ -39,30 +39,7 @@ import triton
 import triton.language as tl
 
 from ..._backend import INTERPRET
-from ..common.online_softmax import LN2, LOG2E, head_block, online_softmax_update
-
-
-@triton.jit
-def _load_key_tile(K_base, V_base, start_n, offs_n, offs_d, offs_dv, stride_kt, stride_kd, stride_vt, stride_vd,
-                   T_K, D, DV, MASK_T: tl.constexpr, EVEN_D: tl.constexpr):
-    """k transposed ``[BLOCK_D, BLOCK_N]`` and v ``[BLOCK_N, BLOCK_DV]`` for keys ``start_n + offs_n``.
-
-    The pointer tiles are rebuilt here, from the scalar base and the 1-D offsets, on every call: a tile of
-    64-bit pointers kept live across the key loop costs two registers per element and made the
-    compiled kernel spill (measured with ptxas for sm_90: 255 registers and spills at D = 128)."""
-    offs_kn = start_n + offs_n
-    k_ptrs = K_base + offs_kn[None, :] * stride_kt + offs_d[:, None] * stride_kd
-    v_ptrs = V_base + offs_kn[:, None] * stride_vt + offs_dv[None, :] * stride_vd
-    if MASK_T:
-        k = tl.load(k_ptrs, mask=(offs_kn[None, :] < T_K) & (offs_d[:, None] < D), other=0.0)
-        v = tl.load(v_ptrs, mask=(offs_kn[:, None] < T_K) & (offs_dv[None, :] < DV), other=0.0)
-    elif EVEN_D:
-        k = tl.load(k_ptrs)
-        v = tl.load(v_ptrs)
-    else:
-        k = tl.load(k_ptrs, mask=offs_d[:, None] < D, other=0.0)
-        v = tl.load(v_ptrs, mask=offs_dv[None, :] < DV, other=0.0)
-    return k, v
+from ..common.online_softmax import LN2, LOG2E, head_block, load_key_tile, online_softmax_update
 
 
 @triton.jit
@@ -104,13 +81,13 @@ def _flash_fwd_kernel(Q, K, V, O, LSE,
 
     # Stage 1: no masks. Every row sees every key of these tiles, so no row is empty.
     for start_n in range(0, full_end, BLOCK_N):
-        k, v = _load_key_tile(K_base, V_base, start_n, offs_n, offs_d, offs_dv, stride_kt, stride_kd, stride_vt,
+        k, v = load_key_tile(K_base, V_base, start_n, offs_n, offs_d, offs_dv, stride_kt, stride_kd, stride_vt,
                               stride_vd, T_K, D, DV, MASK_T=False, EVEN_D=EVEN_D)
         s = tl.dot(q, k, input_precision=PRECISION) * qk_scale                # base-2 logits
         acc, l_i, m_i = online_softmax_update(acc, l_i, m_i, s, v, MAY_BE_EMPTY=False, PRECISION=PRECISION)
     # Stage 2: the diagonal (causal) and the ragged tail, masked.
     for start_n in range(full_end, masked_end, BLOCK_N):
-        k, v = _load_key_tile(K_base, V_base, start_n, offs_n, offs_d, offs_dv, stride_kt, stride_kd, stride_vt,
+        k, v = load_key_tile(K_base, V_base, start_n, offs_n, offs_d, offs_dv, stride_kt, stride_kd, stride_vt,
                               stride_vd, T_K, D, DV, MASK_T=True, EVEN_D=EVEN_D)
         s = tl.dot(q, k, input_precision=PRECISION) * qk_scale
         offs_kn = start_n + offs_n
