@@ -48,6 +48,9 @@ IMPLS = {
     "naive": naive,
 }
 FWD_BWD_FLOP_FACTOR = 3.5           # forward 2 matmuls + backward 5 matmuls of the same size
+# Gradients go through P and dS rounded to the input dtype (as in FlashAttention): bf16 gradients sit
+# near 1e-2 of relative RMS error. A wrong kernel is off by order 1.
+GRAD_TOL = 6e-2
 
 
 def sdpa_kernel_name(device) -> str | None:
@@ -84,7 +87,8 @@ def check_agreement(impls, device, dtype_name) -> None:
             got = [o, *torch.autograd.grad((o * w.to(dtype)).sum(), xs)]
             for name, a, b in zip(("o", "dq", "dk", "dv"), got, want):
                 _common.require_agreement(f"{impl} {name}", a, b.detach(),
-                                          f"float64 reference ({dtype_name}, causal={causal})")
+                                          f"float64 reference ({dtype_name}, causal={causal})",
+                                          tol=2e-2 if name == "o" else GRAD_TOL)
 
 
 def run(shapes, dtypes, causals, passes, device, impls, out_dir) -> list[dict]:

@@ -33,6 +33,9 @@ from attnlib import _backend  # noqa: E402
 from attnlib.sparse import block_sparse_attention_reference, n_blocks  # noqa: E402
 
 FWD_BWD_FLOP_FACTOR = 3.5
+# Gradients go through P and dS rounded to the input dtype (as in FlashAttention): bf16 gradients sit
+# near 1e-2 of relative RMS error. A wrong kernel is off by order 1.
+GRAD_TOL = 6e-2
 
 
 def random_block_mask(H: int, T: int, bs: int, density: float, device, seed: int = 0) -> torch.Tensor:
@@ -73,7 +76,8 @@ def check_agreement(device, dtype_name, bs) -> None:
     got = [o, *torch.autograd.grad((o * w.to(dtype)).sum(), xs)]
     for name, a, b in zip(("o", "dq", "dk", "dv"), got, want):
         _common.require_agreement(f"attnlib-block-sparse {name}", a, b.detach(),
-                                  f"float64 reference ({dtype_name}, block {bs})")
+                                  f"float64 reference ({dtype_name}, block {bs})",
+                                  tol=2e-2 if name == "o" else GRAD_TOL)
 
 
 def run(Ts, D, block_sizes, densities, dtype_name, B, H, passes, device, impls, out_dir) -> list[dict]:
