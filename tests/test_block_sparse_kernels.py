@@ -136,3 +136,12 @@ def test_rows_that_visit_nothing_get_no_gradient_and_no_nan(causal):
     o, lse = block_sparse_attention(q.float(), k.float(), v.float(), mask, block_size=BS, causal=causal,
                                     return_lse=True, backend="triton")
     assert torch.isneginf(lse[..., 16:32]).all() and torch.isneginf(lse[..., :16]).all() == causal
+
+
+def test_no_queries_give_zero_key_and_value_gradients():
+    q = torch.randn(1, 2, 0, 8, requires_grad=True)
+    k, v = (torch.randn(1, 2, 20, 8, requires_grad=True) for _ in range(2))
+    mask = torch.ones(2, 0, 2, dtype=torch.bool)
+    o = block_sparse_attention(q, k, v, mask, block_size=BS, backend="triton")
+    o.sum().backward()
+    assert torch.equal(k.grad, torch.zeros_like(k)) and torch.equal(v.grad, torch.zeros_like(v))

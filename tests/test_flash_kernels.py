@@ -134,3 +134,11 @@ def test_autotune_spaces_respect_the_causal_tiling_and_shared_memory():
             ]:
                 kept = prune(configs, {"Q": args["Q"]}, BLOCK_D=d, BLOCK_DV=d)
                 assert kept and all(smem(c, args) <= fwd.SMEM_BUDGET for c in kept)
+
+
+def test_no_queries_give_zero_key_and_value_gradients():
+    q = torch.randn(1, 2, 0, 8, requires_grad=True)
+    k, v = (torch.randn(1, 2, 5, 8, requires_grad=True) for _ in range(2))
+    o, lse = attnlib.softmax_attention(q, k, v, return_lse=True, backend="triton")
+    (o.sum() + lse.sum()).backward()
+    assert torch.equal(k.grad, torch.zeros_like(k)) and torch.equal(v.grad, torch.zeros_like(v))

@@ -156,7 +156,7 @@ def block_sparse_attention_backward(q, k, v, o, lse, do, dlse, block_mask, *, bl
     check_block_size(block_size)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     if B * H * T_Q == 0:
-        return dq, dk, dv
+        return dq, dk.zero_(), dv.zero_()         # no query: keys and values get no gradient
     if DV == 0:
         zero = v.new_zeros(1)
         dq, dk, _ = block_sparse_attention_backward(

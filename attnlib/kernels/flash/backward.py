@@ -240,7 +240,7 @@ def flash_attention_backward(q, k, v, o, lse, do, dlse, *, scale: float, causal:
     check_launchable(q, D, DV)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     if B * H * T_Q == 0:
-        return dq, dk, dv
+        return dq, dk.zero_(), dv.zero_()         # no query: keys and values get no gradient
     if DV == 0:
         # Only the LSE carries a gradient: one zero value column stands in for v (as in the forward).
         zero = v.new_zeros(1)
