@@ -18,9 +18,9 @@ Backward (FlashAttention-2): with ``P`` recomputed from the LSE, ``dP = dO V^T``
 
 :func:`dkdv_tile` does one (key tile, query tile) step of the dK/dV program, in the transposed layout
 (``[BLOCK_N, BLOCK_M]``: the key tile is the row side, so ``dv += pT @ dO`` needs no transpose of pT);
-:func:`dq_tile` does one (query tile, key tile) step of the dQ program. Masked-out pairs get ``P = 0``
-after the ``exp2`` (never ``-inf`` arithmetic), so rows outside the sequence or with an empty visited
-set -- for which the wrappers pass ``lse = +inf`` -- contribute nothing.
+:func:`dq_tile` does one (query tile, key tile) step of the dQ program. Masked-out pairs get the score
+``-inf`` before the ``exp2``, hence ``P = 0``; rows outside the sequence or with an empty visited set --
+for which the wrappers pass ``lse = +inf`` -- get ``exp2(s - inf) = 0`` and contribute nothing.
 """
 
 from __future__ import annotations
@@ -104,9 +104,9 @@ def dkdv_tile(dk, dv, k, v, q, do, lse2, delta, offs_m, offs_n, qk_scale,
     ``[BLOCK_M]``. Accumulates into ``dk [BLOCK_N, BLOCK_D]``, ``dv [BLOCK_N, BLOCK_DV]`` (fp32; dk still
     lacks the final ``* scale``). ``MASK_CAUSAL`` zeroes the pairs with key after query."""
     sT = tl.dot(k, tl.trans(q), input_precision=PRECISION) * qk_scale          # [BLOCK_N, BLOCK_M]
+    if MASK_CAUSAL:     # mask before the exp2: a masked score may exceed the row's lse (exp2 -> inf)
+        sT = tl.where(offs_n[:, None] <= offs_m[None, :], sT, float("-inf"))
     pT = tl.exp2(sT - lse2[None, :])
-    if MASK_CAUSAL:
-        pT = tl.where(offs_n[:, None] <= offs_m[None, :], pT, 0.0)
     dv += tl.dot(pT.to(do.dtype), do, input_precision=PRECISION)
     dpT = tl.dot(v, tl.trans(do), input_precision=PRECISION)                   # [BLOCK_N, BLOCK_M]
     dsT = pT * (dpT - delta[None, :])
@@ -120,9 +120,9 @@ def dq_tile(dq, q, do, lse2, delta, k, v, offs_m, offs_n, qk_scale,
     """One step of the dQ program: query tile against key tile ``k [BLOCK_N, BLOCK_D]``,
     ``v [BLOCK_N, BLOCK_DV]``; accumulates ``dq [BLOCK_M, BLOCK_D]`` (fp32, still lacking ``* scale``)."""
     s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale           # [BLOCK_M, BLOCK_N]
-    p = tl.exp2(s - lse2[:, None])
     if MASK_CAUSAL:
-        p = tl.where(offs_n[None, :] <= offs_m[:, None], p, 0.0)
+        s = tl.where(offs_n[None, :] <= offs_m[:, None], s, float("-inf"))
+    p = tl.exp2(s - lse2[:, None])
     dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
     ds = p * (dp - delta[:, None])
     dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION)
