@@ -25,7 +25,7 @@ PIP      := $(PY) -m pip install --quiet --disable-pip-version-check
 help:
 	@echo "make book   -- build the book into $(HTML) (creates $(VENV) if missing)"
 	@echo "make test   -- lint, unit tests, notebooks (nbval), book build (-W), browser check"
-	@echo "make bench  -- GPU benchmarks (writes benchmarks/results/*.json)"
+	@echo "make bench  -- every GPU benchmark, fwd and fwd+bwd (writes benchmarks/results/*.json)"
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -64,8 +64,16 @@ test: install
 	$(MAKE) --no-print-directory lint unit notebooks book-build browser; \
 	echo "make test: all checks passed in $$(( $$(date +%s) - start )) s"
 
+# Every benchmark script in turn ([i/n] here, a tqdm bar over the shapes inside each); each writes its JSON
+# into benchmarks/results/ after every shape, so a run cut short keeps what it measured.
+BENCHMARKS := $(sort $(filter-out benchmarks/_%,$(wildcard benchmarks/*.py)))
+
 bench: install
-	$(PY) benchmarks/attention.py
+	@n=$(words $(BENCHMARKS)); i=0; \
+	for script in $(BENCHMARKS); do \
+	  i=$$((i + 1)); echo "[bench $$i/$$n] $$script"; \
+	  $(PY) $$script; \
+	done
 
 clean:
 	rm -rf _build .pytest_cache .hypothesis

@@ -54,16 +54,18 @@ def softmax_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
 
 
 class _TritonAttention(torch.autograd.Function):
-    """Forward: the Triton flash kernel. Backward: PyTorch, from the saved LSE.
+    """Forward: the Triton flash kernel. Backward: the Triton FlashAttention-2 kernels, from the saved LSE.
 
-    The backward recomputes ``P = exp(s - lse)`` (no second softmax: the dual potential is all it
-    needs) and applies ``dS = P * (dP - delta)`` with ``delta_i = sum_j P_ij dP_ij = do_i . o_i`` --
-    chapter 1's "advantage with a baseline" form of the softmax gradient.
+    The backward recomputes ``P = exp(s - lse)`` tile by tile (no second softmax: the dual potential is
+    all it needs, and no ``[T, T]`` matrix is ever stored) and applies ``dS = P * (dP - delta)`` with
+    ``delta_i = sum_j P_ij dP_ij = do_i . o_i`` -- chapter 1's "advantage with a baseline" form of the
+    softmax gradient. A loss on the returned ``lse`` adds ``P_ij dlse_i`` to ``dS``: the kernels fold it
+    into the baseline, ``delta_i - dlse_i``.
     """
 
     @staticmethod
     def forward(ctx, q, k, v, scale, causal):
-        from .kernels.flash_fwd import flash_attention_forward
+        from .kernels.flash import flash_attention_forward
         o, lse = flash_attention_forward(q, k, v, scale=scale, causal=causal)
         ctx.save_for_backward(q, k, v, o, lse)
         ctx.scale, ctx.causal = scale, causal
@@ -71,23 +73,10 @@ class _TritonAttention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, do, dlse):
+        from .kernels.flash import flash_attention_backward
         q, k, v, o, lse = ctx.saved_tensors
-        f32 = torch.float32
-        qf, kf, vf, of, dof = (t.to(f32) for t in (q, k, v, o, do))
-        s = ctx.scale * (qf @ kf.transpose(-1, -2))
-        if ctx.causal:
-            T = s.shape[-1]
-            s = s.masked_fill(~torch.ones(T, T, dtype=torch.bool, device=s.device).tril(), float("-inf"))
-        p = torch.exp(s - lse.unsqueeze(-1))
-        dv = p.transpose(-1, -2) @ dof
-        dp = dof @ vf.transpose(-1, -2)
-        delta = (dof * of).sum(-1, keepdim=True)                       # the baseline E_p[dP]
-        ds = p * (dp - delta)
-        if dlse is not None:                                           # d lse_i / d s_ij = P_ij
-            ds = ds + p * dlse.to(f32).unsqueeze(-1)
-        dq = ctx.scale * (ds @ kf)
-        dk = ctx.scale * (ds.transpose(-1, -2) @ qf)
-        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None
+        dq, dk, dv = flash_attention_backward(q, k, v, o, lse, do, dlse, scale=ctx.scale, causal=ctx.causal)
+        return dq, dk, dv, None, None
 
 
 def _why_not_kernel(D: int, Dv: int) -> str | None:

@@ -78,6 +78,33 @@ def block_sparse_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.
     return o.to(q.dtype), lse
 
 
+class _TritonBlockSparseAttention(torch.autograd.Function):
+    """Forward and backward: the Triton block-sparse kernels, which touch the visited blocks only.
+
+    The backward is the flash backward restricted to the visited set (``P`` recomputed from the saved
+    LSE; dK/dV per key block over the query blocks that visit it, dQ per query block over its visited
+    key blocks); a loss on the returned ``lse`` is folded into the baseline as in the dense kernel.
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v, block_mask, block_size, scale, causal):
+        from .kernels.block_sparse import block_sparse_attention_forward
+        o, lse = block_sparse_attention_forward(q, k, v, block_mask, block_size=block_size, scale=scale,
+                                                causal=causal)
+        ctx.save_for_backward(q, k, v, o, lse, block_mask)
+        ctx.block_size, ctx.scale, ctx.causal = block_size, scale, causal
+        return o, lse
+
+    @staticmethod
+    def backward(ctx, do, dlse):
+        from .kernels.block_sparse import block_sparse_attention_backward
+        q, k, v, o, lse, block_mask = ctx.saved_tensors
+        dq, dk, dv = block_sparse_attention_backward(q, k, v, o, lse, do, dlse, block_mask,
+                                                     block_size=ctx.block_size, scale=ctx.scale,
+                                                     causal=ctx.causal)
+        return dq, dk, dv, None, None, None, None
+
+
 def block_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                            block_mask: torch.Tensor, *, block_size: int, scale: float | None = None,
                            causal: bool = False, return_lse: bool = False, backend: str = "auto"):
@@ -93,7 +120,7 @@ def block_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         causal: additionally keep only ``j <= i`` (needs ``Tq == Tk``).
         return_lse: also return ``lse [B, H, Tq]`` (``-inf`` for rows that visit no key).
         backend: ``"auto"`` | ``"torch"`` | ``"triton"``. The kernel skips unvisited blocks: its cost
-            is proportional to ``block_mask.sum()``. Forward only (no autograd through the kernel).
+            is proportional to ``block_mask.sum()``, in the forward and the backward alike.
 
     Returns:
         ``o [B, H, Tq, Dv]`` (zeros on rows with no visited key), or ``(o, lse)``.
@@ -108,9 +135,7 @@ def block_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                else f"the kernel takes head dims up to 256; got D={D}, Dv={Dv}" if max(D, Dv) > 256
                else None)
     if choose_backend(backend, q, why_not=why_not) == "triton":
-        from .kernels.block_sparse_fwd import block_sparse_attention_forward
-        o, lse = block_sparse_attention_forward(q, k, v, block_mask, block_size=block_size,
-                                                scale=scale, causal=causal)
+        o, lse = _TritonBlockSparseAttention.apply(q, k, v, block_mask, block_size, scale, causal)
     else:
         o, lse = block_sparse_attention_reference(q, k, v, block_mask, block_size=block_size,
                                                   scale=scale, causal=causal)

@@ -3,7 +3,15 @@
 Every script writes ``benchmarks/results/<device>-<date>[-<op>].json`` with the schema
 
     {"device", "date", "versions": {...}, "rows": [{"op", "impl", "dtype", "B", "H", "T", "D",
-                                                    "causal", "ms", "tflops", ...}]}
+                                                    "causal", "pass", "ms", "tflops",
+                                                    "peak_mem_bytes", ...}]}
+
+``pass`` is ``"fwd"`` (the forward alone, under ``torch.no_grad``) or ``"fwd+bwd"`` (forward, then the
+gradients of all inputs for a fixed random output gradient). ``peak_mem_bytes`` is the peak of CUDA
+memory allocated *during* one call, above what was allocated before it (so the inputs do not count;
+outputs, saved activations and gradients do), from ``torch.cuda.max_memory_allocated``; ``None`` where
+it was not measured (no GPU). A row that sets neither is written as a forward row with memory not
+measured.
 
 Speed targets live here, as printed tables and committed JSON -- never as timed tests.
 """
@@ -57,6 +65,62 @@ def time_ms(fn, *, warmup_ms: float = 100, rep_ms: float = 500) -> float:
     return statistics.median(times)
 
 
+PASSES = ("fwd", "fwd+bwd")
+
+
+def as_pass(fn, inputs, pass_: str):
+    """A zero-argument callable running ``fn()`` as the benchmark ``pass_``.
+
+    ``"fwd"``: ``fn()`` under ``torch.no_grad()`` (nothing saved for a backward). ``"fwd+bwd"``: ``fn()``
+    then ``torch.autograd.grad`` of its output (or of its first output) with respect to ``inputs``
+    (tensors with ``requires_grad``) for one fixed random output gradient, drawn once here.
+    """
+    if pass_ == "fwd":
+        def run_fwd():
+            with torch.no_grad():
+                return fn()
+        return run_fwd
+    if pass_ != "fwd+bwd":
+        raise ValueError(f"pass must be one of {PASSES}; got {pass_!r}")
+
+    def first(out):
+        return out[0] if isinstance(out, (tuple, list)) else out
+    probe = first(fn())
+    grad = torch.randn(probe.shape, device=probe.device, dtype=probe.dtype,
+                       generator=torch.Generator(device=probe.device).manual_seed(0))
+    del probe
+
+    def run_fwd_bwd():
+        return torch.autograd.grad(first(fn()), inputs, grad)
+    return run_fwd_bwd
+
+
+def peak_mem_bytes(fn) -> int | None:
+    """Peak CUDA memory allocated during one ``fn()`` above what was allocated before; ``None`` on CPU."""
+    if not torch.cuda.is_available():
+        return None
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    out = fn()
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - base
+    del out
+    return int(peak)
+
+
+def measure(fn, inputs, pass_: str) -> dict:
+    """``{"pass", "ms", "peak_mem_bytes"}`` of ``fn`` run as ``pass_`` (see :func:`as_pass`)."""
+    run = as_pass(fn, inputs, pass_)
+    return {"pass": pass_, "ms": time_ms(run), "peak_mem_bytes": peak_mem_bytes(run)}
+
+
+def progress(iterable, *, desc: str, total: int | None = None):
+    """A tqdm progress bar (on stderr) over the shapes of a sweep."""
+    from tqdm.auto import tqdm
+    return tqdm(iterable, desc=desc, total=total, dynamic_ncols=True)
+
+
 def print_table(rows: list[dict], columns: list[str]) -> None:
     widths = {c: max(len(c), *(len(_fmt(r.get(c))) for r in rows)) for c in columns} if rows else {}
     print("  ".join(c.rjust(widths[c]) for c in columns))
@@ -78,6 +142,10 @@ def write_results(rows: list[dict], *, op: str, out_dir: Path | None = None) -> 
     date = _dt.date.today().isoformat()
     slug = re.sub(r"[^A-Za-z0-9]+", "-", dev).strip("-").lower()
     path = out_dir / f"{slug}-{date}-{op}.json"
+    rows = [{"pass": "fwd", "peak_mem_bytes": None, **r} for r in rows]       # the schema's defaults
+    bad = [r["pass"] for r in rows if r["pass"] not in PASSES]
+    if bad:
+        raise ValueError(f"row pass must be one of {PASSES}; got {bad[0]!r}")
     path.write_text(json.dumps({"device": dev, "date": date, "versions": versions(), "rows": rows},
                                indent=1) + "\n")
     return path
@@ -98,7 +166,8 @@ def checkpoint(rows: list[dict], *, file_op: str, out_dir: Path | None, label: s
     measured) and print the times of the rows matching ``match``."""
     write_results(rows, op=file_op, out_dir=out_dir)
     done = [r for r in rows if all(r.get(k) == v for k, v in match.items())]
-    print(f"[done] {label}: " + ", ".join(f"{r['impl']} {r['ms']:.3f} ms" for r in done), flush=True)
+    print(f"[done] {label}: " + ", ".join(f"{r['impl']} {r.get('pass', 'fwd')} {r['ms']:.3f} ms" for r in done),
+          flush=True)
 
 
 def add_sweep_arguments(ap, *, dtypes: str) -> None:

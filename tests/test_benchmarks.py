@@ -9,7 +9,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = sorted(p for p in (ROOT / "benchmarks").glob("*.py") if not p.name.startswith("_"))
-ROW_KEYS = {"op", "impl", "dtype", "B", "H", "T", "D", "causal", "ms", "tflops"}
+ROW_KEYS = {"op", "impl", "dtype", "B", "H", "T", "D", "causal", "pass", "ms", "tflops", "peak_mem_bytes"}
 
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
@@ -23,3 +23,5 @@ def test_benchmark_smoke_run_writes_the_schema(script, tmp_path):
     assert {"device", "date", "versions", "rows"} <= set(data)
     assert data["rows"] and all(ROW_KEYS <= set(r) for r in data["rows"])
     assert all(r["ms"] > 0 for r in data["rows"])
+    assert all(r["pass"] in ("fwd", "fwd+bwd") for r in data["rows"])
+    assert all(r["peak_mem_bytes"] is None or r["peak_mem_bytes"] >= 0 for r in data["rows"])

@@ -98,14 +98,68 @@ def test_softmax_attention_huge_logits(dtype):
     _check("softmax_attention.huge_logits", dtype, o, o_ref, T=64, D=32)
 
 
-def test_softmax_attention_backward():
-    q, k, v = (_randn(1, 2, 150, 64, dtype=torch.float32, seed=10 + i).requires_grad_() for i in range(3))
-    grads = []
-    for backend in ("triton", "torch"):
-        o = attnlib.softmax_attention(q, k, v, causal=True, backend=backend)
-        grads.append(torch.autograd.grad(o.square().sum(), (q, k, v)))
-    for a, b in zip(*grads):
-        _check("softmax_attention.grad", torch.float32, a, b, T=150, D=64)
+# Gradients: P and dS are rounded to the input dtype before their matmuls (as in FlashAttention), so
+# the bounds are looser than the forward's.
+GRAD_TOL = {torch.float32: 5e-5, torch.float16: 1e-2, torch.bfloat16: 6e-2}
+
+
+def _grads_vs_float64(op, fn, ref_fn, tensors, dtype, **shape):
+    """Output, lse and (dq, dk, dv) of ``<w_o, o> + <w_lse, lse>`` against the float64 reference."""
+    g = torch.Generator().manual_seed(99)
+    o64, lse64 = ref_fn(*(t.double() for t in tensors))
+    w_o = torch.randn(o64.shape, generator=g).cuda()
+    w_lse = torch.randn(lse64.shape, generator=g).cuda()
+    results = []
+    for f, cast in ((fn, lambda t: t), (ref_fn, lambda t: t.double())):
+        xs = [cast(t).detach().requires_grad_() for t in tensors]
+        o, lse = f(*xs)
+        fin = torch.isfinite(lse)
+        loss = (o * w_o.to(o.dtype)).sum() + (torch.where(fin, lse, 0) * w_lse.to(lse.dtype)).sum()
+        results.append([o, torch.where(fin, lse, 0), *torch.autograd.grad(loss, xs)])
+    for name, a, b in zip(("o", "lse", "dq", "dk", "dv"), *results):
+        if b.numel():
+            tol = TOL[dtype] if name == "o" else 1e-5 if name == "lse" else GRAD_TOL[dtype]
+            _check(f"{op}.{name}", dtype, a, b, tol=tol, **shape)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("Tq,Tk,D,Dv", [(1, 1, 64, 64), (129, 129, 64, 64), (1000, 1000, 128, 128),
+                                        (257, 257, 80, 48), (300, 300, 256, 256), (77, 500, 40, 24)])
+def test_softmax_attention_backward(dtype, causal, Tq, Tk, D, Dv):
+    if causal and Tq != Tk:
+        pytest.skip("causal needs Tq == Tk")
+    q, k = _randn(2, 3, Tq, D, dtype=dtype, seed=Tq), _randn(2, 3, Tk, D, dtype=dtype, seed=Tk + 1)
+    v = _randn(2, 3, Tk, Dv, dtype=dtype, seed=Tk + 2)
+    _grads_vs_float64(
+        "softmax_attention.bwd",
+        lambda q, k, v: attnlib.softmax_attention(q, k, v, causal=causal, return_lse=True, backend="triton"),
+        lambda q, k, v: softmax_attention_reference(q, k, v, scale=D ** -0.5, causal=causal),
+        (q, k, v), dtype, Tq=Tq, Tk=Tk, D=D, Dv=Dv, causal=causal)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_softmax_attention_value_dim_zero_gives_the_lse(dtype):
+    q, k = _randn(1, 2, 100, 64, dtype=dtype, seed=1), _randn(1, 2, 100, 64, dtype=dtype, seed=2)
+    v = torch.empty(1, 2, 100, 0, device="cuda", dtype=dtype)
+    _, lse = attnlib.softmax_attention(q, k, v, causal=True, return_lse=True, backend="triton")
+    _, lse_ref = softmax_attention_reference(q.double(), k.double(), v.double(), scale=0.125, causal=True)
+    _check("softmax_attention.lse_dv0", dtype, lse, lse_ref, tol=1e-5)
+
+
+def test_softmax_attention_training_never_materialises_the_T_by_T_matrix():
+    """Counted bytes, not time: forward + backward at T = 16384 needs a small multiple of the inputs,
+    while one fp32 T x T matrix alone would take 1 GiB."""
+    T = 16384
+    q, k, v = (_randn(1, 1, T, 64, dtype=torch.float16, seed=i).requires_grad_() for i in range(3))
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    o = attnlib.softmax_attention(q, k, v, causal=True, backend="triton")
+    torch.autograd.grad(o.float().square().sum(), (q, k, v))
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - base
+    assert peak < 64 * q.numel() * q.element_size(), f"peak {peak / 2**20:.1f} MiB"
 
 
 # ---------------------------------------------------------------------------- chapter 2
@@ -125,6 +179,25 @@ def test_block_sparse_attention(dtype, T, D, bs, causal):
                                                       block_size=bs, scale=D ** -0.5, causal=causal)
     _check("block_sparse_attention", dtype, o, o_ref, T=T, D=D, block=bs, causal=causal)
     _check("block_sparse_attention.lse", dtype, lse, lse_ref, tol=1e-5, T=T, D=D, block=bs, causal=causal)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("T,D,Dv,bs,causal", [(200, 64, 64, 16, False), (333, 64, 40, 32, True),
+                                              (1000, 128, 128, 64, True), (95, 40, 24, 16, False),
+                                              (700, 64, 64, 256, True), (1100, 256, 256, 1024, False)])
+def test_block_sparse_attention_backward(dtype, T, D, Dv, bs, causal):
+    q, k = _randn(1, 3, T, D, dtype=dtype, seed=T), _randn(1, 3, T, D, dtype=dtype, seed=T + 1)
+    v = _randn(1, 3, T, Dv, dtype=dtype, seed=T + 2)
+    nb = n_blocks(T, bs)
+    g = torch.Generator().manual_seed(T)
+    mask = (torch.rand(3, nb, nb, generator=g) < 0.4).cuda()          # some rows visit nothing
+    _grads_vs_float64(
+        "block_sparse_attention.bwd",
+        lambda q, k, v: attnlib.block_sparse_attention(q, k, v, mask, block_size=bs, causal=causal,
+                                                       return_lse=True, backend="triton"),
+        lambda q, k, v: block_sparse_attention_reference(q, k, v, mask, block_size=bs, scale=D ** -0.5,
+                                                         causal=causal),
+        (q, k, v), dtype, T=T, D=D, Dv=Dv, block=bs, causal=causal)
 
 
 # ---------------------------------------------------------------------------- chapter 3

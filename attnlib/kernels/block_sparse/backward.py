@@ -1,0 +1,193 @@
+"""Block-sparse attention backward in Triton: the flash backward restricted to the visited blocks.
+
+The same three launches as the dense backward (``attnlib/kernels/flash/backward.py``), with the
+same tile updates (``attnlib/kernels/common/online_softmax.py``):
+
+1. ``delta_i = rowsum(dO * O)_i - dlse_i`` over query blocks.
+2. dK, dV -- grid ``(cdiv(Tk, BLOCK_N), B * H)``: one program owns ``BLOCK_N`` keys (inside key block
+   ``J``) of one (batch, head), keeps ``k``, ``v`` and the fp32 ``dk``, ``dv`` in registers, and walks
+   *only the query blocks that visit J* -- the transposed lists ``counts_T[h, J]``,
+   ``indices_T[h, J, :]``, built by the same torch sort on ``block_mask.transpose(-1, -2)``, on the
+   device, with no host synchronisation -- each in ``BLOCK_M``-row tiles.
+3. dQ -- grid ``(cdiv(Tq, BLOCK_M), B * H)``: one program owns ``BLOCK_M`` queries (inside query block
+   ``I``) and walks the key blocks ``I`` visits (the forward's lists) in ``BLOCK_N``-key tiles.
+
+As in the forward, the tiles divide the mask's block size ``BS`` (so any ``BS`` up to 1024 launches),
+and tiles past the ends or wholly on the far side of the causal diagonal are skipped.
+
+Every tile is masked (causal diagonal; ragged tails load as zeros and add nothing). Rows that visit no
+key have ``lse = -inf``; the wrapper hands the kernels ``+inf`` for them, so their ``P`` is 0 and they
+contribute no gradient -- as in the reference, where such a row depends on no score.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..common.online_softmax import LOG2E, backward_delta, dkdv_tile, dq_tile, head_block, load_rows
+from ..flash.forward import check_launchable, precision_for
+from .forward import check_block_size, tile, visit_lists
+
+
+@triton.jit
+def _block_sparse_bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV_OUT, COUNTS_T, INDICES_T,
+                                  stride_qb, stride_qh, stride_qt, stride_qd,
+                                  stride_kb, stride_kh, stride_kt, stride_kd,
+                                  stride_vb, stride_vh, stride_vt, stride_vd,
+                                  stride_dob, stride_doh, stride_dot, stride_dod,
+                                  stride_dkb, stride_dkh, stride_dkt, stride_dkd,
+                                  stride_dvb, stride_dvh, stride_dvt, stride_dvd,
+                                  stride_ch, stride_cn, stride_ih, stride_in, stride_it,
+                                  H, T_Q, T_K, D, DV, qk_scale, sm_scale,
+                                  BS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                                  BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+                                  CAUSAL: tl.constexpr, PRECISION: tl.constexpr):
+    pid_n = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = pid_bh // H
+    h = pid_bh % H
+    start_n = pid_n * BLOCK_N
+    k_block = start_n // BS
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    offs_mb = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+
+    kmask = (offs_n[:, None] < T_K) & (offs_d[None, :] < D)
+    vmask = (offs_n[:, None] < T_K) & (offs_dv[None, :] < DV)
+    k = tl.load(K + b * stride_kb + h * stride_kh + offs_n[:, None] * stride_kt + offs_d[None, :] * stride_kd,
+                mask=kmask, other=0.0)
+    v = tl.load(V + b * stride_vb + h * stride_vh + offs_n[:, None] * stride_vt + offs_dv[None, :] * stride_vd,
+                mask=vmask, other=0.0)
+    Q_base = Q + b * stride_qb + h * stride_qh
+    DO_base = DO + b * stride_dob + h * stride_doh
+
+    dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_DV], dtype=tl.float32)
+    n_visit = tl.load(COUNTS_T + h * stride_ch + k_block * stride_cn)
+    idx_base = INDICES_T + h * stride_ih + k_block * stride_in
+    for t in range(0, n_visit):
+        block_start = tl.load(idx_base + t * stride_it) * BS      # a query block that visits this key block
+        lo = block_start
+        if CAUSAL:
+            lo = tl.maximum(lo, (start_n // BLOCK_M) * BLOCK_M)     # rows before every key: nothing to add
+        for start_m in range(lo, tl.minimum(block_start + BS, T_Q), BLOCK_M):
+            offs_m = start_m + offs_mb
+            rows = offs_m < T_Q
+            q = load_rows(Q_base, start_m, offs_mb, offs_d, stride_qt, stride_qd, T_Q, D, MASK_T=True, EVEN_C=False)
+            do = load_rows(DO_base, start_m, offs_mb, offs_dv, stride_dot, stride_dod, T_Q, DV, MASK_T=True,
+                            EVEN_C=False)
+            lse2 = tl.load(LSE + pid_bh * T_Q + offs_m, mask=rows, other=float("inf")) * LOG2E
+            delta = tl.load(DELTA + pid_bh * T_Q + offs_m, mask=rows, other=0.0)
+            dk, dv = dkdv_tile(dk, dv, k, v, q, do, lse2, delta, offs_m, offs_n, qk_scale,
+                               MASK_CAUSAL=CAUSAL, PRECISION=PRECISION)
+
+    dk_ptrs = DK + b * stride_dkb + h * stride_dkh + offs_n[:, None] * stride_dkt + offs_d[None, :] * stride_dkd
+    dv_ptrs = DV_OUT + b * stride_dvb + h * stride_dvh + offs_n[:, None] * stride_dvt + offs_dv[None, :] * stride_dvd
+    tl.store(dk_ptrs, (dk * sm_scale).to(DK.dtype.element_ty), mask=kmask)
+    tl.store(dv_ptrs, dv.to(DV_OUT.dtype.element_ty), mask=vmask)
+
+
+@triton.jit
+def _block_sparse_bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, COUNTS, INDICES,
+                                stride_qb, stride_qh, stride_qt, stride_qd,
+                                stride_kb, stride_kh, stride_kt, stride_kd,
+                                stride_vb, stride_vh, stride_vt, stride_vd,
+                                stride_dob, stride_doh, stride_dot, stride_dod,
+                                stride_dqb, stride_dqh, stride_dqt, stride_dqd,
+                                stride_ch, stride_cm, stride_ih, stride_im, stride_it,
+                                H, T_Q, T_K, D, DV, qk_scale, sm_scale,
+                                BS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                                BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+                                CAUSAL: tl.constexpr, PRECISION: tl.constexpr):
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = pid_bh // H
+    h = pid_bh % H
+    start_m = pid_m * BLOCK_M
+    q_block = start_m // BS
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_nb = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+
+    rows = offs_m < T_Q
+    qmask = rows[:, None] & (offs_d[None, :] < D)
+    q = tl.load(Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qt + offs_d[None, :] * stride_qd,
+                mask=qmask, other=0.0)
+    do = tl.load(DO + b * stride_dob + h * stride_doh + offs_m[:, None] * stride_dot + offs_dv[None, :] * stride_dod,
+                 mask=rows[:, None] & (offs_dv[None, :] < DV), other=0.0)
+    lse2 = tl.load(LSE + pid_bh * T_Q + offs_m, mask=rows, other=float("inf")) * LOG2E
+    delta = tl.load(DELTA + pid_bh * T_Q + offs_m, mask=rows, other=0.0)
+    K_base = K + b * stride_kb + h * stride_kh
+    V_base = V + b * stride_vb + h * stride_vh
+
+    dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    n_visit = tl.load(COUNTS + h * stride_ch + q_block * stride_cm)
+    idx_base = INDICES + h * stride_ih + q_block * stride_im
+    for t in range(0, n_visit):
+        block_start = tl.load(idx_base + t * stride_it) * BS
+        hi = tl.minimum(block_start + BS, T_K)
+        if CAUSAL:
+            hi = tl.minimum(hi, start_m + BLOCK_M)                  # keys after every row: nothing to add
+        for start_n in range(block_start, hi, BLOCK_N):
+            k = load_rows(K_base, start_n, offs_nb, offs_d, stride_kt, stride_kd, T_K, D, MASK_T=True, EVEN_C=False)
+            v = load_rows(V_base, start_n, offs_nb, offs_dv, stride_vt, stride_vd, T_K, DV, MASK_T=True,
+                           EVEN_C=False)
+            dq = dq_tile(dq, q, do, lse2, delta, k, v, offs_m, start_n + offs_nb, qk_scale,
+                         MASK_CAUSAL=CAUSAL, PRECISION=PRECISION)
+
+    dq_ptrs = DQ + b * stride_dqb + h * stride_dqh + offs_m[:, None] * stride_dqt + offs_d[None, :] * stride_dqd
+    tl.store(dq_ptrs, (dq * sm_scale).to(DQ.dtype.element_ty), mask=qmask)
+
+
+def block_sparse_attention_backward(q, k, v, o, lse, do, dlse, block_mask, *, block_size: int, scale: float,
+                                    causal: bool):
+    """Gradients ``(dq, dk, dv)`` of :func:`block_sparse_attention_forward`, in the inputs' dtypes.
+
+    ``lse``: the forward's fp32 ``[B, H, Tq]`` (``-inf`` on rows that visit no key); ``dlse``: the
+    gradient on the returned LSE, or ``None``.
+    """
+    B, H, T_Q, D = q.shape
+    T_K, DV = k.shape[2], v.shape[3]
+    check_launchable(q, D, DV)
+    check_block_size(block_size)
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    if B * H * T_Q == 0:
+        return dq, dk.zero_(), dv.zero_()         # no query: keys and values get no gradient
+    if DV == 0:
+        zero = v.new_zeros(1)
+        dq, dk, _ = block_sparse_attention_backward(
+            q, k, zero.expand(B, H, T_K, 1), zero.expand(B, H, T_Q, 1), lse, zero.expand(B, H, T_Q, 1), dlse,
+            block_mask, block_size=block_size, scale=scale, causal=causal)
+        return dq, dk, dv
+    if dlse is not None:
+        # Rows with no visited key depend on no score: whatever the loss on their lse (-inf), no gradient.
+        dlse = torch.where(torch.isneginf(lse), torch.zeros_like(dlse), dlse)
+    delta = backward_delta(o, do, dlse)
+    # P = exp(s - lse) must be 0 on rows that visit nothing: +inf there instead of -inf (no NaN).
+    lse = torch.where(torch.isneginf(lse), torch.full_like(lse, float("inf")), lse).contiguous()
+    counts, indices = visit_lists(block_mask)
+    counts_t, indices_t = visit_lists(block_mask.transpose(-1, -2))
+    width = max(D, DV)
+    meta = dict(BS=block_size, BLOCK_D=head_block(D), BLOCK_DV=head_block(DV), CAUSAL=causal,
+                PRECISION=precision_for(q.dtype), num_stages=2)
+    sizes = (H, T_Q, T_K, D, DV, scale * LOG2E.value, scale)
+    # dK/dV: wide resident key tiles, narrow streamed query tiles; dQ: the mirror image (as in flash).
+    bm, bn = tile(block_size, 32, width), tile(block_size, 64, width)
+    _block_sparse_bwd_dkdv_kernel[(triton.cdiv(T_K, bn), B * H)](
+        q, k, v, do, lse, delta, dk, dv, counts_t, indices_t,
+        *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk.stride(), *dv.stride(),
+        *counts_t.stride(), *indices_t.stride(), *sizes, BLOCK_M=bm, BLOCK_N=bn,
+        num_warps=8 if bn * width > 64 * 64 else 4, **meta)     # 4 warps spill k, v, dk, dv at D = 128
+    bm, bn = tile(block_size, 64, width), tile(block_size, 32, width)
+    _block_sparse_bwd_dq_kernel[(triton.cdiv(T_Q, bm), B * H)](
+        q, k, v, do, lse, delta, dq, counts, indices,
+        *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(),
+        *counts.stride(), *indices.stride(), *sizes, BLOCK_M=bm, BLOCK_N=bn, num_warps=4, **meta)
+    return dq, dk, dv
+
+
+__all__ = ["block_sparse_attention_backward"]

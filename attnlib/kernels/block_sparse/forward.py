@@ -1,0 +1,166 @@
+"""Block-sparse attention forward in Triton: exact softmax over the visited key blocks only.
+
+The inspected set. Chapter 2's adversary reads an algorithm's *inspected set* -- the query-key
+pairs whose scores it actually computes. Here that set is given explicitly, block by block:
+``block_mask[h, I, J]`` says whether query block ``I`` of head ``h`` looks at key block ``J``.
+
+Compact lists, computed with torch ops on the device before the launch (CSR-like, per head and
+query block; no host synchronisation, so the list width is the full ``nK``):
+
+    counts[h, I]        -- how many key blocks query block I visits,
+    indices[h, I, t]    -- the t-th visited key block (t < counts[h, I]); the rest is never read.
+
+Tiling. The mask's block size ``BS`` and the kernel's tiles are decoupled: ``BLOCK_M`` and ``BLOCK_N``
+divide ``BS`` (``BS`` up to 1024 would not fit a GPU tile). The grid is ``(cdiv(Tq, BLOCK_M), B * H)``:
+one program owns ``BLOCK_M`` query rows of one (batch, head), all in query block ``I``, keeps its ``q``
+tile in registers and walks *only the visited key blocks of I* (``for t in range(counts[h, I])``,
+then one scalar load of the block index), each in ``BLOCK_N``-key tiles, folding every
+``[BLOCK_M, BLOCK_N]`` score tile into the online-softmax state ``(m_i, l_i, acc)`` with the very update
+the dense flash kernel uses (``attnlib/kernels/common/online_softmax.py``). Unvisited blocks are never
+loaded: the work is proportional to the number of visited blocks, not to ``T^2``. Tiles past ``Tk``,
+and when causal tiles wholly right of the program's last query, are skipped.
+
+Every tile is masked (ragged tail ``T % BLOCK_N``; the diagonal when causal) -- visited sets are
+usually small, so the two-stage unmasked/masked split of the dense kernel is not worth its code.
+
+Rows that see no key (an empty row of the mask, or a causal block with nothing at or left of the
+diagonal) keep ``m = -inf`` and ``l = 0``; they are written as ``o = 0`` and ``lse = -inf``
+(the log of an empty sum), never NaN. The backward is in ``backward.py``.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..._backend import INTERPRET
+from ..common.online_softmax import LN2, LOG2E, head_block, load_key_tile, online_softmax_update
+from ..flash.forward import check_launchable, precision_for
+
+
+@triton.jit
+def _block_sparse_fwd_kernel(Q, K, V, O, LSE, COUNTS, INDICES,
+                             stride_qb, stride_qh, stride_qt, stride_qd,
+                             stride_kb, stride_kh, stride_kt, stride_kd,
+                             stride_vb, stride_vh, stride_vt, stride_vd,
+                             stride_ob, stride_oh, stride_ot, stride_od,
+                             stride_ch, stride_cm, stride_ih, stride_im, stride_it,
+                             H, T_Q, T_K, D, DV, qk_scale,
+                             BS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                             BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+                             CAUSAL: tl.constexpr, PRECISION: tl.constexpr):
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = pid_bh // H
+    h = pid_bh % H
+    start_m = pid_m * BLOCK_M
+    q_block = start_m // BS
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+
+    q_ptrs = Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qt + offs_d[None, :] * stride_qd
+    q = tl.load(q_ptrs, mask=(offs_m[:, None] < T_Q) & (offs_d[None, :] < D), other=0.0)
+    K_base = K + b * stride_kb + h * stride_kh
+    V_base = V + b * stride_vb + h * stride_vh
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
+
+    n_visit = tl.load(COUNTS + h * stride_ch + q_block * stride_cm)
+    idx_base = INDICES + h * stride_ih + q_block * stride_im
+    for t in range(0, n_visit):
+        block_start = tl.load(idx_base + t * stride_it) * BS      # one scalar: the visited key block
+        hi = tl.minimum(block_start + BS, T_K)
+        if CAUSAL:
+            hi = tl.minimum(hi, start_m + BLOCK_M)                  # keys after every row: nothing to add
+        for start_n in range(block_start, hi, BLOCK_N):
+            k, v = load_key_tile(K_base, V_base, start_n, offs_n, offs_d, offs_dv, stride_kt, stride_kd,
+                                  stride_vt, stride_vd, T_K, D, DV, MASK_T=True, EVEN_D=False)
+            offs_kn = start_n + offs_n
+            s = tl.dot(q, k, input_precision=PRECISION) * qk_scale            # base-2 logits
+            valid = offs_kn[None, :] < T_K
+            if CAUSAL:
+                valid = valid & (offs_kn[None, :] <= offs_m[:, None])
+            s = tl.where(valid, s, float("-inf"))
+            acc, l_i, m_i = online_softmax_update(acc, l_i, m_i, s, v, MAY_BE_EMPTY=True, PRECISION=PRECISION)
+
+    empty = l_i == 0.0
+    l_safe = tl.where(empty, 1.0, l_i)
+    o = acc / l_safe[:, None]                                  # empty rows: acc = 0, so o = 0
+    lse = tl.where(empty, float("-inf"), (m_i + tl.log2(l_safe)) * LN2)
+
+    o_ptrs = O + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_ot + offs_dv[None, :] * stride_od
+    tl.store(o_ptrs, o.to(O.dtype.element_ty), mask=(offs_m[:, None] < T_Q) & (offs_dv[None, :] < DV))
+    tl.store(LSE + pid_bh * T_Q + offs_m, lse, mask=offs_m < T_Q)      # LSE: contiguous [B, H, Tq]
+
+
+def visit_lists(block_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``block_mask [H, nQ, nK]`` bool -> ``(counts [H, nQ] int32, indices [H, nQ, nK] int32)``.
+
+    ``indices[h, I, :counts[h, I]]`` lists the visited key blocks of query block ``I`` in increasing
+    order; the rest is padding that the kernels never read. Torch ops only, on the mask's device: no
+    host synchronisation (the width is ``nK``, not the largest count, which would need ``.item()``).
+    Applied to ``block_mask.transpose(-1, -2)`` it gives, per key block, the query blocks that visit it.
+    """
+    counts = block_mask.sum(-1, dtype=torch.int32)
+    # A stable descending sort of the 0/1 mask puts visited block indices first, in order.
+    order = torch.sort(block_mask.to(torch.int8), dim=-1, descending=True, stable=True).indices
+    return counts.contiguous(), order.to(torch.int32).contiguous()
+
+
+def check_block_size(block_size: int) -> None:
+    if block_size < 16:
+        raise ValueError(f"the Triton kernel needs block_size >= 16 (tl.dot tiles); got {block_size} "
+                         "(use backend='torch')")
+
+
+def tile(block_size: int, gpu_tile: int, head_dim: int) -> int:
+    """A kernel tile that divides the mask's block: ``min(block_size, gpu_tile)``, halved for heads wider
+    than 128 (registers); 16 under the interpreter, so that CPU tests cover several tiles per block."""
+    if INTERPRET:
+        return 16
+    return min(block_size, gpu_tile if head_dim <= 128 else gpu_tile // 2)
+
+
+def block_sparse_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                                   block_mask: torch.Tensor, *, block_size: int, scale: float,
+                                   causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Launch the kernel. Inputs already validated by ``attnlib.block_sparse_attention``.
+
+    ``q, k: [B, H, T, D]``, ``v: [B, H, T, Dv]``, ``block_mask: [H, cdiv(Tq, bs), cdiv(Tk, bs)]``.
+    Returns ``(o, lse)``, ``lse`` a contiguous float32 ``[B, H, Tq]``. ``Dv = 0`` still gives the right
+    ``lse`` (it does not depend on v).
+    """
+    B, H, T_Q, D = q.shape
+    T_K, DV = k.shape[2], v.shape[3]
+    check_launchable(q, D, DV)
+    check_block_size(block_size)
+    if DV == 0:
+        o, lse = block_sparse_attention_forward(q, k, v.new_zeros(1).expand(B, H, T_K, 1), block_mask,
+                                                block_size=block_size, scale=scale, causal=causal)
+        return o[..., :0], lse
+    o = torch.empty(B, H, T_Q, DV, device=q.device, dtype=q.dtype)
+    lse = torch.empty(B, H, T_Q, device=q.device, dtype=torch.float32)
+    if B * H * T_Q == 0:
+        return o, lse
+    counts, indices = visit_lists(block_mask)
+    width = max(D, DV)
+    BLOCK_M, BLOCK_N = tile(block_size, 128, width), tile(block_size, 64, width)
+    grid = (triton.cdiv(T_Q, BLOCK_M), B * H)
+    _block_sparse_fwd_kernel[grid](
+        q, k, v, o, lse, counts, indices,
+        *q.stride(), *k.stride(), *v.stride(), *o.stride(),
+        *counts.stride(), *indices.stride(),
+        H, T_Q, T_K, D, DV, scale * LOG2E.value,
+        BS=block_size, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_D=head_block(D), BLOCK_DV=head_block(DV),
+        CAUSAL=causal, PRECISION=precision_for(q.dtype),
+        num_warps=4 if BLOCK_M <= 64 else 8, num_stages=2,
+    )
+    return o, lse
+
+
+__all__ = ["block_sparse_attention_forward", "tile", "visit_lists"]

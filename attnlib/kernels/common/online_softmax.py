@@ -1,0 +1,188 @@
+"""The softmax tile updates shared by the dense (flash) and block-sparse kernels, forward and backward.
+
+Units. Every kernel works in base 2: scores are multiplied by ``qk_scale = scale * LOG2E`` so that one
+``exp2`` instruction replaces ``exp``, and the saved natural-log LSE is turned into base 2 by ``* LOG2E``
+before the backward recomputes ``P = exp2(s2 - lse2)``. ``LN2`` turns the base-2 LSE back at the end.
+
+Forward (one query tile ``[BLOCK_M]`` against one key tile ``[BLOCK_N]``): :func:`online_softmax_update`
+folds a tile of base-2 scores into the running ``(acc, l, m)`` -- the max, the sum of ``exp2(s - m)``
+and the ``exp2(s - m)``-weighted values -- rescaling the old sums by ``exp2(m_old - m_new)``.
+
+Loads: :func:`load_key_tile` and :func:`load_rows` build their pointer tiles from a scalar base on every
+call (never a live tile of 64-bit pointers across a loop: that spilled registers on sm_90).
+
+Backward (FlashAttention-2): with ``P`` recomputed from the LSE, ``dP = dO V^T`` and
+``delta_i = rowsum(dO * O)_i - dlse_i`` (precomputed once per row),
+
+    dS = P * (dP - delta),   dV = P^T dO,   dK = scale * dS^T Q,   dQ = scale * dS K.
+
+:func:`dkdv_tile` does one (key tile, query tile) step of the dK/dV program, in the transposed layout
+(``[BLOCK_N, BLOCK_M]``: the key tile is the row side, so ``dv += pT @ dO`` needs no transpose of pT);
+:func:`dq_tile` does one (query tile, key tile) step of the dQ program. Masked-out pairs get the score
+``-inf`` before the ``exp2``, hence ``P = 0``; rows outside the sequence or with an empty visited set --
+for which the wrappers pass ``lse = +inf`` -- get ``exp2(s - inf) = 0`` and contribute nothing.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+# constexpr, so that compiled kernels may read them (a plain global float is refused by Triton's
+# compiler, though the interpreter accepts it); the host reads ``LOG2E.value``.
+LOG2E = tl.constexpr(1.4426950408889634)   # log2(e): exp(x) = exp2(x * LOG2E)
+LN2 = tl.constexpr(0.6931471805599453)     # ln(2):   log(x) = log2(x) * LN2
+
+
+@triton.jit
+def load_key_tile(K_base, V_base, start_n, offs_n, offs_d, offs_dv, stride_kt, stride_kd, stride_vt, stride_vd,
+                   T_K, D, DV, MASK_T: tl.constexpr, EVEN_D: tl.constexpr):
+    """k transposed ``[BLOCK_D, BLOCK_N]`` and v ``[BLOCK_N, BLOCK_DV]`` for keys ``start_n + offs_n``.
+
+    The pointer tiles are rebuilt here, from the scalar base and the 1-D offsets, on every call: a tile of
+    64-bit pointers kept live across the key loop costs two registers per element and made the
+    compiled flash forward spill (measured with ptxas for sm_90: 255 registers and spills at D = 128)."""
+    offs_kn = start_n + offs_n
+    k_ptrs = K_base + offs_kn[None, :] * stride_kt + offs_d[:, None] * stride_kd
+    v_ptrs = V_base + offs_kn[:, None] * stride_vt + offs_dv[None, :] * stride_vd
+    if MASK_T:
+        k = tl.load(k_ptrs, mask=(offs_kn[None, :] < T_K) & (offs_d[:, None] < D), other=0.0)
+        v = tl.load(v_ptrs, mask=(offs_kn[:, None] < T_K) & (offs_dv[None, :] < DV), other=0.0)
+    elif EVEN_D:
+        k = tl.load(k_ptrs)
+        v = tl.load(v_ptrs)
+    else:
+        k = tl.load(k_ptrs, mask=offs_d[:, None] < D, other=0.0)
+        v = tl.load(v_ptrs, mask=offs_dv[None, :] < DV, other=0.0)
+    return k, v
+
+
+@triton.jit
+def load_rows(base, start, offs_t, offs_c, stride_t, stride_c, T, C, MASK_T: tl.constexpr, EVEN_C: tl.constexpr):
+    """A ``[BLOCK, BLOCK_C]`` tile of rows ``start + offs_t`` (zeros past ``T`` and past ``C`` columns).
+
+    The pointer tile is rebuilt from the scalar base on every call rather than kept live across the
+    loop (a tile of 64-bit pointers costs two registers per element: see :func:`load_key_tile`)."""
+    rows = start + offs_t
+    ptrs = base + rows[:, None] * stride_t + offs_c[None, :] * stride_c
+    if MASK_T:
+        x = tl.load(ptrs, mask=(rows[:, None] < T) & (offs_c[None, :] < C), other=0.0)
+    elif EVEN_C:
+        x = tl.load(ptrs)
+    else:
+        x = tl.load(ptrs, mask=offs_c[None, :] < C, other=0.0)
+    return x
+
+
+@triton.jit
+def online_softmax_update(acc, l_i, m_i, s, v, MAY_BE_EMPTY: tl.constexpr, PRECISION: tl.constexpr):
+    """Fold base-2 scores ``s [BLOCK_M, BLOCK_N]`` (masked entries already ``-inf``) and values
+    ``v [BLOCK_N, BLOCK_DV]`` into the running ``acc [BLOCK_M, BLOCK_DV]``, ``l_i``, ``m_i [BLOCK_M]``.
+
+    ``MAY_BE_EMPTY``: some row may have seen no valid key yet (m = -inf); its reference max is then
+    taken as 0 so that ``exp2(-inf - 0) = 0`` instead of ``exp2(-inf + inf) = NaN``. Tiles where every
+    row has a valid key (the unmasked stage of the dense kernel) skip that select.
+    """
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    if MAY_BE_EMPTY:
+        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+    else:
+        m_ref = m_new
+    alpha = tl.exp2(m_i - m_ref)
+    p = tl.exp2(s - m_ref[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+    return acc, l_i, m_new
+
+
+@triton.jit
+def dkdv_tile(dk, dv, k, v, q, do, lse2, delta, offs_m, offs_n, qk_scale,
+              MASK_CAUSAL: tl.constexpr, PRECISION: tl.constexpr):
+    """One step of the dK/dV program: key tile ``k [BLOCK_N, BLOCK_D]``, ``v [BLOCK_N, BLOCK_DV]``
+    against query tile ``q [BLOCK_M, BLOCK_D]``, ``do [BLOCK_M, BLOCK_DV]`` with its base-2 LSE and delta
+    ``[BLOCK_M]``. Accumulates into ``dk [BLOCK_N, BLOCK_D]``, ``dv [BLOCK_N, BLOCK_DV]`` (fp32; dk still
+    lacks the final ``* scale``). ``MASK_CAUSAL`` zeroes the pairs with key after query."""
+    sT = tl.dot(k, tl.trans(q), input_precision=PRECISION) * qk_scale          # [BLOCK_N, BLOCK_M]
+    if MASK_CAUSAL:     # mask before the exp2: a masked score may exceed the row's lse (exp2 -> inf)
+        sT = tl.where(offs_n[:, None] <= offs_m[None, :], sT, float("-inf"))
+    pT = tl.exp2(sT - lse2[None, :])
+    dv += tl.dot(pT.to(do.dtype), do, input_precision=PRECISION)
+    dpT = tl.dot(v, tl.trans(do), input_precision=PRECISION)                   # [BLOCK_N, BLOCK_M]
+    dsT = pT * (dpT - delta[None, :])
+    dk += tl.dot(dsT.to(q.dtype), q, input_precision=PRECISION)
+    return dk, dv
+
+
+@triton.jit
+def dq_tile(dq, q, do, lse2, delta, k, v, offs_m, offs_n, qk_scale,
+            MASK_CAUSAL: tl.constexpr, PRECISION: tl.constexpr):
+    """One step of the dQ program: query tile against key tile ``k [BLOCK_N, BLOCK_D]``,
+    ``v [BLOCK_N, BLOCK_DV]``; accumulates ``dq [BLOCK_M, BLOCK_D]`` (fp32, still lacking ``* scale``)."""
+    s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale           # [BLOCK_M, BLOCK_N]
+    if MASK_CAUSAL:
+        s = tl.where(offs_n[None, :] <= offs_m[:, None], s, float("-inf"))
+    p = tl.exp2(s - lse2[:, None])
+    dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
+    ds = p * (dp - delta[:, None])
+    dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION)
+    return dq
+
+
+@triton.jit
+def softmax_bwd_preprocess_kernel(O, DO, DLSE, DELTA,
+                                  stride_ob, stride_oh, stride_ot, stride_od,
+                                  stride_db, stride_dh, stride_dt, stride_dd,
+                                  H, T_Q, DV,
+                                  BLOCK_M: tl.constexpr, BLOCK_DV: tl.constexpr):
+    """``delta[b, h, i] = sum_d dO[i, d] * O[i, d] - dlse[i]`` for ``BLOCK_M`` rows of one (batch, head).
+
+    Grid ``(cdiv(Tq, BLOCK_M), B * H)``. ``DELTA`` and ``DLSE`` are contiguous ``[B, H, Tq]`` fp32."""
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = pid_bh // H
+    h = pid_bh % H
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    mask = (offs_m[:, None] < T_Q) & (offs_dv[None, :] < DV)
+    o = tl.load(O + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_ot + offs_dv[None, :] * stride_od,
+                mask=mask, other=0.0).to(tl.float32)
+    do = tl.load(DO + b * stride_db + h * stride_dh + offs_m[:, None] * stride_dt + offs_dv[None, :] * stride_dd,
+                 mask=mask, other=0.0).to(tl.float32)
+    row = pid_bh * T_Q + offs_m
+    dlse = tl.load(DLSE + row, mask=offs_m < T_Q, other=0.0)
+    tl.store(DELTA + row, tl.sum(o * do, 1) - dlse, mask=offs_m < T_Q)
+
+
+def head_block(d: int) -> int:
+    """The padded tile width of a head dim: a power of two, at least 16 (``tl.dot``'s minimum)."""
+    return max(16, triton.next_power_of_2(d))
+
+
+
+
+def backward_delta(o, do, dlse):
+    """``delta = rowsum(dO * O) - dlse`` as a contiguous fp32 ``[B, H, Tq]`` (one small kernel).
+
+    ``o, do: [B, H, Tq, Dv]`` (any strides); ``dlse: [B, H, Tq]`` or ``None`` (no loss on the LSE).
+    Folding ``dlse`` in here is what makes the gradient through ``lse`` exact: ``d lse_i / d s_ij =
+    P_ij``, so ``dS_ij = P_ij (dP_ij - delta_i) + P_ij dlse_i = P_ij (dP_ij - (delta_i - dlse_i))``.
+    """
+    B, H, T_Q, DV = o.shape
+    delta = torch.empty(B, H, T_Q, device=o.device, dtype=torch.float32)
+    if dlse is None:
+        dlse = torch.zeros(B, H, T_Q, device=o.device, dtype=torch.float32)
+    else:
+        dlse = dlse.to(torch.float32).contiguous()
+    if delta.numel() == 0:
+        return delta
+    block_m = 64
+    grid = (triton.cdiv(T_Q, block_m), B * H)
+    softmax_bwd_preprocess_kernel[grid](o, do, dlse, delta, *o.stride(), *do.stride(), H, T_Q, DV,
+                                        BLOCK_M=block_m, BLOCK_DV=head_block(DV))
+    return delta
+
+
+__all__ = ["LN2", "LOG2E", "backward_delta", "dkdv_tile", "dq_tile", "head_block", "load_key_tile", "load_rows",
+           "online_softmax_update",
+           "softmax_bwd_preprocess_kernel"]

@@ -1,0 +1,267 @@
+"""Flash-attention backward in Triton (FlashAttention-2's decomposition): no ``[T, T]`` matrix, ever.
+
+What the forward saved: ``o`` and the row LSE. With ``P = exp(s - lse)`` recomputed tile by tile,
+
+    dV = P^T dO,   dP = dO V^T,   dS = P * (dP - delta),   dQ = scale * dS K,   dK = scale * dS^T Q,
+
+where ``delta_i = rowsum(dO * O)_i - dlse_i`` (the loss's gradient on the returned LSE folded in: it
+enters ``dS`` as ``+ P * dlse``). Three launches:
+
+1. ``delta`` -- a small kernel over query blocks (``attnlib/kernels/common/online_softmax.py``).
+2. dK, dV -- grid ``(cdiv(Tk, BLOCK_N), B * H)``: one program owns ``BLOCK_N`` keys of one
+   (batch, head). Its ``k``, ``v`` tiles and the fp32 accumulators ``dk [BLOCK_N, D]``,
+   ``dv [BLOCK_N, Dv]`` stay in registers while it walks the query blocks of ``BLOCK_M`` rows
+   (loading ``q``, ``dO``, ``lse``, ``delta`` of each), recomputing ``P^T`` in the transposed layout
+   ``[BLOCK_N, BLOCK_M]``. It writes ``dk * scale`` and ``dv`` once, at the end.
+3. dQ -- grid ``(cdiv(Tq, BLOCK_M), B * H)``: one program owns ``BLOCK_M`` queries, keeps ``q``, ``dO``,
+   ``lse``, ``delta`` and the accumulator ``dq [BLOCK_M, D]`` in registers, walks the key blocks, and
+   writes ``dq * scale`` once. A separate kernel rather than atomics on dQ: deterministic, and no
+   fp32 scratch copy of dQ.
+
+Both loops are staged like the forward's: for causal attention the blocks on the diagonal are a
+masked stage of their own and the others need no mask; for ragged lengths only the last block is
+masked (loads past the end read zeros, and rows past ``Tq`` get ``lse = +inf``, hence ``P = 0``).
+Causal tiling needs ``BLOCK_N`` a multiple of ``BLOCK_M`` in the dK/dV kernel and ``BLOCK_M`` a multiple
+of ``BLOCK_N`` in the dQ kernel, so that the diagonal stage starts on a tile boundary.
+
+Tiles are autotuned on a GPU (configurations pruned to shared memory; keyed like the forward) and
+fixed and small under the interpreter.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..._backend import INTERPRET
+from ..common.online_softmax import LOG2E, backward_delta, dkdv_tile, dq_tile, head_block, load_rows
+from .forward import SMEM_BUDGET, check_launchable, length_bucket, precision_for
+
+
+@triton.jit
+def _dkdv_over_queries(dk, dv, k, v, Q_base, DO_base, lse_ptr, delta_ptr, lo, hi, offs_n, offs_mb, offs_d,
+                       offs_dv, stride_qt, stride_qd, stride_dot, stride_dod, T_Q, D, DV, qk_scale,
+                       BLOCK_M: tl.constexpr, MASK_T: tl.constexpr, MASK_CAUSAL: tl.constexpr,
+                       EVEN_D: tl.constexpr, PRECISION: tl.constexpr):
+    for start_m in range(lo, hi, BLOCK_M):
+        offs_m = start_m + offs_mb
+        q = load_rows(Q_base, start_m, offs_mb, offs_d, stride_qt, stride_qd, T_Q, D, MASK_T=MASK_T, EVEN_C=EVEN_D)
+        do = load_rows(DO_base, start_m, offs_mb, offs_dv, stride_dot, stride_dod, T_Q, DV, MASK_T=MASK_T,
+                        EVEN_C=EVEN_D)
+        if MASK_T:
+            lse2 = tl.load(lse_ptr + offs_m, mask=offs_m < T_Q, other=float("inf")) * LOG2E
+            delta = tl.load(delta_ptr + offs_m, mask=offs_m < T_Q, other=0.0)
+        else:
+            lse2 = tl.load(lse_ptr + offs_m) * LOG2E
+            delta = tl.load(delta_ptr + offs_m)
+        dk, dv = dkdv_tile(dk, dv, k, v, q, do, lse2, delta, offs_m, offs_n, qk_scale,
+                           MASK_CAUSAL=MASK_CAUSAL, PRECISION=PRECISION)
+    return dk, dv
+
+
+@triton.jit
+def _flash_bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV_OUT,
+                           stride_qb, stride_qh, stride_qt, stride_qd,
+                           stride_kb, stride_kh, stride_kt, stride_kd,
+                           stride_vb, stride_vh, stride_vt, stride_vd,
+                           stride_dob, stride_doh, stride_dot, stride_dod,
+                           stride_dkb, stride_dkh, stride_dkt, stride_dkd,
+                           stride_dvb, stride_dvh, stride_dvt, stride_dvd,
+                           H, T_Q, T_K, D, DV, qk_scale, sm_scale, T_BUCKET,
+                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                           BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+                           CAUSAL: tl.constexpr, EVEN_D: tl.constexpr, PRECISION: tl.constexpr):
+    pid_n = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = pid_bh // H
+    h = pid_bh % H
+    start_n = pid_n * BLOCK_N
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    offs_mb = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+
+    kmask = (offs_n[:, None] < T_K) & (offs_d[None, :] < D)
+    vmask = (offs_n[:, None] < T_K) & (offs_dv[None, :] < DV)
+    k = tl.load(K + b * stride_kb + h * stride_kh + offs_n[:, None] * stride_kt + offs_d[None, :] * stride_kd,
+                mask=kmask, other=0.0)
+    v = tl.load(V + b * stride_vb + h * stride_vh + offs_n[:, None] * stride_vt + offs_dv[None, :] * stride_vd,
+                mask=vmask, other=0.0)
+    Q_base = Q + b * stride_qb + h * stride_qh
+    DO_base = DO + b * stride_dob + h * stride_doh
+    lse_ptr = LSE + pid_bh * T_Q                     # LSE and DELTA: contiguous [B, H, Tq] fp32
+    delta_ptr = DELTA + pid_bh * T_Q
+
+    dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_DV], dtype=tl.float32)
+    full_end = (T_Q // BLOCK_M) * BLOCK_M
+    lo = 0
+    if CAUSAL:
+        # The query blocks on this key block's diagonal (queries before start_n see none of its keys).
+        lo = tl.minimum(start_n + BLOCK_N, T_Q)
+        dk, dv = _dkdv_over_queries(dk, dv, k, v, Q_base, DO_base, lse_ptr, delta_ptr, start_n, lo,
+                                    offs_n, offs_mb, offs_d, offs_dv, stride_qt, stride_qd, stride_dot, stride_dod,
+                                    T_Q, D, DV, qk_scale, BLOCK_M=BLOCK_M, MASK_T=True, MASK_CAUSAL=True,
+                                    EVEN_D=EVEN_D, PRECISION=PRECISION)
+    # Full query blocks below the diagonal (or all of them): no masks.
+    dk, dv = _dkdv_over_queries(dk, dv, k, v, Q_base, DO_base, lse_ptr, delta_ptr, lo, full_end,
+                                offs_n, offs_mb, offs_d, offs_dv, stride_qt, stride_qd, stride_dot, stride_dod,
+                                T_Q, D, DV, qk_scale, BLOCK_M=BLOCK_M, MASK_T=False, MASK_CAUSAL=False,
+                                EVEN_D=EVEN_D, PRECISION=PRECISION)
+    # The ragged last query block.
+    dk, dv = _dkdv_over_queries(dk, dv, k, v, Q_base, DO_base, lse_ptr, delta_ptr, tl.maximum(lo, full_end), T_Q,
+                                offs_n, offs_mb, offs_d, offs_dv, stride_qt, stride_qd, stride_dot, stride_dod,
+                                T_Q, D, DV, qk_scale, BLOCK_M=BLOCK_M, MASK_T=True, MASK_CAUSAL=False,
+                                EVEN_D=EVEN_D, PRECISION=PRECISION)
+
+    dk_ptrs = DK + b * stride_dkb + h * stride_dkh + offs_n[:, None] * stride_dkt + offs_d[None, :] * stride_dkd
+    dv_ptrs = DV_OUT + b * stride_dvb + h * stride_dvh + offs_n[:, None] * stride_dvt + offs_dv[None, :] * stride_dvd
+    tl.store(dk_ptrs, (dk * sm_scale).to(DK.dtype.element_ty), mask=kmask)
+    tl.store(dv_ptrs, dv.to(DV_OUT.dtype.element_ty), mask=vmask)
+
+
+@triton.jit
+def _dq_over_keys(dq, q, do, lse2, delta, K_base, V_base, lo, hi, offs_m, offs_nb, offs_d, offs_dv,
+                  stride_kt, stride_kd, stride_vt, stride_vd, T_K, D, DV, qk_scale,
+                  BLOCK_N: tl.constexpr, MASK_T: tl.constexpr, MASK_CAUSAL: tl.constexpr,
+                  EVEN_D: tl.constexpr, PRECISION: tl.constexpr):
+    for start_n in range(lo, hi, BLOCK_N):
+        k = load_rows(K_base, start_n, offs_nb, offs_d, stride_kt, stride_kd, T_K, D, MASK_T=MASK_T, EVEN_C=EVEN_D)
+        v = load_rows(V_base, start_n, offs_nb, offs_dv, stride_vt, stride_vd, T_K, DV, MASK_T=MASK_T,
+                       EVEN_C=EVEN_D)
+        # Keys past T_K load as zero rows of k: whatever their P, they add dS * 0 to dq.
+        dq = dq_tile(dq, q, do, lse2, delta, k, v, offs_m, start_n + offs_nb, qk_scale,
+                     MASK_CAUSAL=MASK_CAUSAL, PRECISION=PRECISION)
+    return dq
+
+
+@triton.jit
+def _flash_bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ,
+                         stride_qb, stride_qh, stride_qt, stride_qd,
+                         stride_kb, stride_kh, stride_kt, stride_kd,
+                         stride_vb, stride_vh, stride_vt, stride_vd,
+                         stride_dob, stride_doh, stride_dot, stride_dod,
+                         stride_dqb, stride_dqh, stride_dqt, stride_dqd,
+                         H, T_Q, T_K, D, DV, qk_scale, sm_scale, T_BUCKET,
+                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                         BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+                         CAUSAL: tl.constexpr, EVEN_D: tl.constexpr, PRECISION: tl.constexpr):
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = pid_bh // H
+    h = pid_bh % H
+    start_m = pid_m * BLOCK_M
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_nb = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+
+    qmask = (offs_m[:, None] < T_Q) & (offs_d[None, :] < D)
+    q = tl.load(Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qt + offs_d[None, :] * stride_qd,
+                mask=qmask, other=0.0)
+    do = tl.load(DO + b * stride_dob + h * stride_doh + offs_m[:, None] * stride_dot + offs_dv[None, :] * stride_dod,
+                 mask=(offs_m[:, None] < T_Q) & (offs_dv[None, :] < DV), other=0.0)
+    lse2 = tl.load(LSE + pid_bh * T_Q + offs_m, mask=offs_m < T_Q, other=float("inf")) * LOG2E
+    delta = tl.load(DELTA + pid_bh * T_Q + offs_m, mask=offs_m < T_Q, other=0.0)
+    K_base = K + b * stride_kb + h * stride_kh
+    V_base = V + b * stride_vb + h * stride_vh
+
+    dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    if CAUSAL:
+        full_end = start_m                                  # key blocks wholly left of the diagonal
+        masked_end = tl.minimum(start_m + BLOCK_M, T_K)
+    else:
+        full_end = (T_K // BLOCK_N) * BLOCK_N
+        masked_end = T_K
+    dq = _dq_over_keys(dq, q, do, lse2, delta, K_base, V_base, 0, full_end, offs_m, offs_nb, offs_d, offs_dv,
+                       stride_kt, stride_kd, stride_vt, stride_vd, T_K, D, DV, qk_scale, BLOCK_N=BLOCK_N, MASK_T=False,
+                       MASK_CAUSAL=False, EVEN_D=EVEN_D, PRECISION=PRECISION)
+    dq = _dq_over_keys(dq, q, do, lse2, delta, K_base, V_base, full_end, masked_end, offs_m, offs_nb, offs_d,
+                       offs_dv, stride_kt, stride_kd, stride_vt, stride_vd, T_K, D, DV, qk_scale, BLOCK_N=BLOCK_N,
+                       MASK_T=True, MASK_CAUSAL=CAUSAL, EVEN_D=EVEN_D, PRECISION=PRECISION)
+
+    dq_ptrs = DQ + b * stride_dqb + h * stride_dqh + offs_m[:, None] * stride_dqt + offs_d[None, :] * stride_dqd
+    tl.store(dq_ptrs, (dq * sm_scale).to(DQ.dtype.element_ty), mask=qmask)
+
+
+def _bwd_smem(cfg, args, resident: str) -> int:
+    """Shared memory of the streamed tiles: ``stages`` buffers of the loop's (rows x (D + Dv)) plus the
+    resident tiles (k, v for dK/dV; q, dO for dQ)."""
+    width = args["BLOCK_D"] + args["BLOCK_DV"]
+    bm, bn = cfg.kwargs["BLOCK_M"], cfg.kwargs["BLOCK_N"]
+    kept, streamed = (bn, bm) if resident == "kv" else (bm, bn)
+    return args["Q"].element_size() * width * (kept + cfg.num_stages * streamed)
+
+
+def _pruner(resident: str):
+    def prune(configs, nargs, **kwargs):
+        args = {**nargs, **kwargs}
+        wide = max(args["BLOCK_D"], args["BLOCK_DV"]) > 128
+        keep = [c for c in configs[:-1] if _bwd_smem(c, args, resident) <= SMEM_BUDGET
+                and not (wide and c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"] > 32 * 64)]
+        return keep or configs[-1:]           # the last configuration: the fallback (D = 256, float32)
+    return prune
+
+
+def _configs(shapes):
+    return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s) for bm, bn, w, s in shapes]
+
+
+# dK/dV: narrow query blocks streamed past wide resident key blocks (BLOCK_N a multiple of BLOCK_M);
+# dQ: the mirror image. Among them the Triton tutorial's Hopper choice (32 x 128 and 128 x 32, 4 warps,
+# which ptxas shows spilling at D = 128 in fp16; the 8-warp variants do not). The last: the fallback.
+_DKDV_CONFIGS = _configs([(32, 128, 8, 3), (32, 128, 4, 3), (32, 64, 8, 3), (64, 128, 8, 2), (16, 64, 4, 3),
+                          (16, 32, 4, 1)])
+_DQ_CONFIGS = _configs([(128, 32, 8, 3), (128, 32, 4, 3), (128, 64, 8, 2), (64, 32, 4, 3), (64, 16, 4, 3),
+                        (32, 16, 4, 1)])
+_KEY = ["T_BUCKET", "D", "DV", "CAUSAL"]
+
+if INTERPRET:
+    _dkdv, _dq = _flash_bwd_dkdv_kernel, _flash_bwd_dq_kernel
+else:
+    _dkdv = triton.autotune(_DKDV_CONFIGS, key=_KEY, prune_configs_by={"early_config_prune": _pruner("kv")})(
+        _flash_bwd_dkdv_kernel)
+    _dq = triton.autotune(_DQ_CONFIGS, key=_KEY, prune_configs_by={"early_config_prune": _pruner("q")})(
+        _flash_bwd_dq_kernel)
+
+INTERPRET_DKDV = dict(BLOCK_M=16, BLOCK_N=32)
+INTERPRET_DQ = dict(BLOCK_M=32, BLOCK_N=16)
+
+
+def flash_attention_backward(q, k, v, o, lse, do, dlse, *, scale: float, causal: bool):
+    """Gradients ``(dq, dk, dv)`` of the flash forward, in the inputs' dtypes.
+
+    ``q, k: [B, H, T, D]``, ``v: [B, H, Tk, Dv]``, ``o, do: [B, H, Tq, Dv]``, ``lse``: the forward's
+    contiguous fp32 ``[B, H, Tq]``; ``dlse``: the gradient on the returned LSE, or ``None``.
+    """
+    B, H, T_Q, D = q.shape
+    T_K, DV = k.shape[2], v.shape[3]
+    check_launchable(q, D, DV)
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    if B * H * T_Q == 0:
+        return dq, dk.zero_(), dv.zero_()         # no query: keys and values get no gradient
+    if DV == 0:
+        # Only the LSE carries a gradient: one zero value column stands in for v (as in the forward).
+        zero = v.new_zeros(1)
+        dq, dk, _ = flash_attention_backward(q, k, zero.expand(B, H, T_K, 1), zero.expand(B, H, T_Q, 1), lse,
+                                             zero.expand(B, H, T_Q, 1), dlse, scale=scale, causal=causal)
+        return dq, dk, dv
+    delta = backward_delta(o, do, dlse)
+    lse = lse.contiguous()
+    BLOCK_D, BLOCK_DV = head_block(D), head_block(DV)
+    common = dict(BLOCK_D=BLOCK_D, BLOCK_DV=BLOCK_DV, CAUSAL=causal, EVEN_D=(D == BLOCK_D and DV == BLOCK_DV),
+                  PRECISION=precision_for(q.dtype))
+    sizes = (H, T_Q, T_K, D, DV, scale * LOG2E.value, scale, length_bucket(max(T_Q, T_K)))
+    _dkdv[lambda meta: (triton.cdiv(T_K, meta["BLOCK_N"]), B * H)](
+        q, k, v, do, lse, delta, dk, dv,
+        *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk.stride(), *dv.stride(),
+        *sizes, **common, **(INTERPRET_DKDV if INTERPRET else {}))
+    _dq[lambda meta: (triton.cdiv(T_Q, meta["BLOCK_M"]), B * H)](
+        q, k, v, do, lse, delta, dq,
+        *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(),
+        *sizes, **common, **(INTERPRET_DQ if INTERPRET else {}))
+    return dq, dk, dv
+
+
+__all__ = ["flash_attention_backward"]

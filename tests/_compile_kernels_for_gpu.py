@@ -1,0 +1,70 @@
+"""Compile every softmax / block-sparse Triton kernel for an NVIDIA GPU (sm_90) on this machine, no GPU
+needed: Triton's front end, its MLIR passes and the bundled ptxas all run on the CPU. Catches what the
+interpreter lets through (globals that are not constexpr, layouts or shapes the compiler refuses, shared
+memory over the limit). Run with TRITON_INTERPRET unset (``tests/test_kernels_compile.py`` does it)."""
+
+import sys
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from attnlib.kernels.block_sparse import backward as bs_bwd
+from attnlib.kernels.block_sparse import forward as bs_fwd
+from attnlib.kernels.common import online_softmax
+from attnlib.kernels.flash import backward as flash_bwd
+from attnlib.kernels.flash import forward as flash_fwd
+
+TARGET = GPUTarget("cuda", 90, 32)
+SMEM_LIMIT = 227 * 1024                       # H100: shared memory per block
+
+
+def compile_kernel(fn, pointers: dict, constexprs: dict, floats=(), num_warps=4, num_stages=2):
+    sig = {n: "constexpr" if n in constexprs else pointers.get(n, "fp32" if n in floats else "i32")
+           for n in fn.arg_names}
+    src = ASTSource(fn=fn, signature=sig, constexprs={(fn.arg_names.index(k),): v for k, v in constexprs.items()})
+    return triton.compile(src, target=TARGET, options={"num_warps": num_warps, "num_stages": num_stages})
+
+
+def main() -> int:
+    half, f32, i32 = "*fp16", "*fp32", "*i32"
+    tiles = dict(BLOCK_D=64, BLOCK_DV=64, CAUSAL=True, PRECISION="tf32")
+    cases = {
+        "flash forward": (flash_fwd._flash_fwd_kernel, dict(Q=half, K=half, V=half, O=half, LSE=f32),
+                          dict(BLOCK_M=128, BLOCK_N=64, EVEN_D=False, **tiles), ("qk_scale",), 4, 3),
+        "flash dK/dV": (flash_bwd._flash_bwd_dkdv_kernel,
+                        dict(Q=half, K=half, V=half, DO=half, LSE=f32, DELTA=f32, DK=half, DV_OUT=half),
+                        dict(BLOCK_M=32, BLOCK_N=128, EVEN_D=False, **tiles), ("qk_scale", "sm_scale"), 8, 3),
+        "flash dQ": (flash_bwd._flash_bwd_dq_kernel,
+                     dict(Q=half, K=half, V=half, DO=half, LSE=f32, DELTA=f32, DQ=half),
+                     dict(BLOCK_M=128, BLOCK_N=32, EVEN_D=False, **tiles), ("qk_scale", "sm_scale"), 8, 3),
+        "backward delta": (online_softmax.softmax_bwd_preprocess_kernel, dict(O=half, DO=half, DLSE=f32, DELTA=f32),
+                           dict(BLOCK_M=64, BLOCK_DV=64), (), 4, 2),
+        "block-sparse forward": (bs_fwd._block_sparse_fwd_kernel,
+                                 dict(Q=half, K=half, V=half, O=half, LSE=f32, COUNTS=i32, INDICES=i32),
+                                 dict(BS=128, BLOCK_M=128, BLOCK_N=64, **tiles), ("qk_scale",), 8, 2),
+        "block-sparse dK/dV": (bs_bwd._block_sparse_bwd_dkdv_kernel,
+                               dict(Q=half, K=half, V=half, DO=half, LSE=f32, DELTA=f32, DK=half, DV_OUT=half,
+                                    COUNTS_T=i32, INDICES_T=i32),
+                               dict(BS=128, BLOCK_M=32, BLOCK_N=64, **tiles), ("qk_scale", "sm_scale"), 4, 2),
+        "block-sparse dQ": (bs_bwd._block_sparse_bwd_dq_kernel,
+                            dict(Q=half, K=half, V=half, DO=half, LSE=f32, DELTA=f32, DQ=half, COUNTS=i32,
+                                 INDICES=i32),
+                            dict(BS=128, BLOCK_M=64, BLOCK_N=32, **tiles), ("qk_scale", "sm_scale"), 4, 2),
+    }
+    failed = 0
+    for name, (fn, pointers, constexprs, floats, warps, stages) in cases.items():
+        try:
+            kernel = compile_kernel(fn, pointers, constexprs, floats, warps, stages)
+            shared = kernel.metadata.shared
+            ok = shared <= SMEM_LIMIT
+            print(f"{'ok' if ok else 'FAIL'} {name}: {shared} bytes of shared memory")
+            failed += not ok
+        except Exception as exc:  # noqa: BLE001 - report every kernel, then fail
+            print(f"FAIL {name}: {type(exc).__name__}: {exc}")
+            failed += 1
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
