@@ -11,6 +11,8 @@ import numpy as np
 import plotly.graph_objects as go
 import torch
 
+from ..deltanet import delta_rule_recurrent
+from ..linear import linear_attention_recurrent
 from ._slider import add_frame_slider
 
 
@@ -18,25 +20,29 @@ def state_trajectory(k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor | floa
                      g: torch.Tensor | None = None) -> torch.Tensor:
     """The states ``S_1 .. S_T`` of one head: ``k: [T, D]``, ``v: [T, Dv]``, ``beta: [T]`` or a number.
 
-    ``rule="linear"``: ``S_t = S_{t-1} + v_t k_t^T``; ``rule="delta"``: the delta rule (gated when ``g``
-    is given). Returns ``[T, Dv, D]`` in float64.
+    Runs the library's own recurrences one token at a time, handing the state over:
+    ``rule="linear"``: :func:`attnlib.linear.linear_attention_recurrent` (``S_t = S_{t-1} + v_t k_t^T``);
+    ``rule="delta"``: :func:`attnlib.deltanet.delta_rule_recurrent` (gated when ``g`` is given; any
+    ``beta``, also outside the stable range, since the figures show what happens there).
+    Returns ``[T, Dv, D]`` in float64.
     """
-    k, v = k.double(), v.double()
-    T = k.shape[0]
-    beta = torch.as_tensor(beta, dtype=torch.float64).expand(T) if not torch.is_tensor(beta) or beta.dim() == 0 \
-        else beta.double()
-    S = torch.zeros(v.shape[1], k.shape[1], dtype=torch.float64)
+    if rule not in ("linear", "delta"):
+        raise ValueError(f"rule must be 'linear' or 'delta'; got {rule!r}")
+    k, v = k.double()[None, None], v.double()[None, None]                # [1, 1, T, D]
+    T = k.shape[2]
+    beta = torch.as_tensor(beta, dtype=torch.float64).expand(T)[None, None]
+    g = None if g is None else torch.as_tensor(g, dtype=torch.float64).expand(T)[None, None]
+    S = torch.zeros(1, 1, v.shape[-1], k.shape[-1], dtype=torch.float64)
+    q = torch.zeros_like(k[:, :, :1])                                    # outputs are not needed
     out = []
     for t in range(T):
+        kt, vt = k[:, :, t:t + 1], v[:, :, t:t + 1]
         if rule == "linear":
-            S = S + torch.outer(v[t], k[t])
-        elif rule == "delta":
-            if g is not None:
-                S = S * float(torch.exp(g[t]))
-            S = S + beta[t] * torch.outer(v[t] - S @ k[t], k[t])
+            _, S = linear_attention_recurrent(q, kt, vt, S)
         else:
-            raise ValueError(f"rule must be 'linear' or 'delta'; got {rule!r}")
-        out.append(S.clone())
+            _, S = delta_rule_recurrent(q, kt, vt, beta[:, :, t:t + 1], None if g is None else g[:, :, t:t + 1],
+                                        scale=1.0, initial_state=S)
+        out.append(S[0, 0])
     return torch.stack(out)
 
 

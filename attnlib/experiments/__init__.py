@@ -1,0 +1,15 @@
+"""What the labs measure, kept apart from the operators: tasks, timers, fits and counts.
+
+An operator module (``attnlib.linear``, ``attnlib.deltanet`` ...) is a chapter's equations and their
+dispatch; the experiments that chapters run on them live here, one submodule per subject:
+
+    recall   write key--value pairs into one state and read them back (chapters 3 and 4)
+    linear   chapter 3's cost: counted FLOPs, cache bytes, CPU timings, power-law fits, crossover
+    mqar     multi-query associative recall and the tiny models trained on it (chapter 4 onwards)
+
+Chapters add their own submodule with one import line below.
+"""
+
+from . import linear, mqar, recall
+
+__all__ = ["linear", "mqar", "recall"]
