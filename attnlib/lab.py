@@ -43,9 +43,32 @@ class Lab:
         (distinct offsets give distinct seeds; distinct lab seeds give disjoint ranges)."""
         return self.seed * 100_003 + offset
 
+    def glue(self, name: str, value) -> None:
+        """Hand a number or text to the chapter page (myst-nb's ``glue``; the page writes
+        ``{glue:text}`notebooks/NN_lab.ipynb::name:.2f```). Shows nothing in the notebook; does
+        nothing where myst-nb is not installed (e.g. Colab), since there is no page to paste into."""
+        _glue(name, value)
+
+    def glue_figure(self, name: str, fig, *, plotlyjs: bool = True) -> None:
+        """Hand a Plotly figure to the chapter page (``{glue} name`` with ``:doc:``). It travels as
+        HTML with precomputed sliders, the form Jupyter Book 1 renders (Plotly's own JSON mime type
+        would be dropped). ``plotlyjs=True`` inlines plotly.js (about 4 MB): the first figure glued
+        into a page needs it, later ones on the same page can pass ``plotlyjs=False``."""
+        from IPython.display import HTML
+
+        _glue(name, HTML(fig.to_html(full_html=False, include_plotlyjs=plotlyjs, auto_play=False)))
+
     def seeds(self, n: int, offset: int = 0) -> list[int]:
         """``n`` seeds for an experiment repeated over seeds (mean and spread), derived from the lab's."""
         return [self.derive(offset + i) for i in range(n)]
+
+
+def _glue(name: str, value) -> None:
+    try:
+        from myst_nb import glue
+    except ImportError:  # no book build here: nothing to paste into
+        return
+    glue(name, value, display=False)
 
 
 def in_colab() -> bool:

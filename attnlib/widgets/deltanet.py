@@ -124,3 +124,24 @@ def stability_explorer(*, T: int = 200, D: int = 16, seed: int = 0):
     b_slider.observe(update, names="value")
     n_slider.observe(update, names="value")
     return widgets.VBox([widgets.HBox([b_slider, n_slider]), fig])
+
+
+def implied_weights(q, k, beta) -> np.ndarray:
+    """The ``[T, T]`` weights the delta rule implicitly puts on the values, for one head, computed by
+    the library: :func:`attnlib.deltanet.delta_rule_recurrent` applied to ``v = I_T`` returns, in row
+    ``t``, the coefficients of ``o_t = S_t q_t = sum_j w_tj v_j`` (``scale = 1``, no gate). In Su's
+    form ``W = (QK^T . M)(I + diag(beta)(KK^T . M^-))^{-1} diag(beta)``.
+
+    Unlike softmax's plan these weights are signed and their rows need not sum to one: each write
+    first subtracts what its key already retrieves, so later keys put negative weight on earlier
+    values. ``q, k: [T, D]``, ``beta``: a number or ``[T]``.
+    """
+    q = torch.as_tensor(q, dtype=torch.float64)
+    k = torch.as_tensor(k, dtype=torch.float64)
+    if q.dim() != 2 or k.shape != q.shape:
+        raise ValueError(f"q and k must both be [T, D] (one head); got {tuple(q.shape)} and {tuple(k.shape)}")
+    T = q.shape[0]
+    b = torch.as_tensor(beta, dtype=torch.float64).expand(T)[None, None]
+    eye = torch.eye(T, dtype=torch.float64)[None, None]
+    o, _ = delta_rule_recurrent(q[None, None], k[None, None], eye, b, scale=1.0)
+    return o[0, 0].numpy()

@@ -168,4 +168,27 @@ def crossover_explorer(model: Mapping[str, float], *, lengths=(64, 131072)):
     return W.VBox([W.HBox([d_slider, t_slider]), fig])
 
 
-__all__ = ["state_buildup_figure", "crossover_figure", "crossover_explorer"]
+
+
+def linear_attention_weights(q, k, *, feature_map=None, feature_kwargs: dict | None = None,
+                             causal: bool = True, normalize: bool = True) -> np.ndarray:
+    """The ``[T, T]`` weights of (normalised) linear attention for one head, computed by the library:
+    :func:`attnlib.linear_attention` applied to ``v = I_T`` returns, in row ``t``, the weights query
+    ``t`` puts on each value, ``w_tj = phi(q_t) . phi(k_j) / (phi(q_t) . z_t)`` (``scale = 1``).
+
+    With a non-negative feature map these rows are a one-sided transport plan whose Gibbs kernel
+    ``phi(Q) phi(K)^T`` has rank at most ``D'`` (non-causal) and whose partition function is
+    ``phi(q_t) . z_t``; with the identity map (``feature_map=None``) the rows still sum to one but
+    can have negative entries, and are no plan.
+    """
+    from ..linear import linear_attention
+
+    q, k = _single_head("q", q), _single_head("k", k)
+    T = k.shape[0]
+    eye = torch.eye(T, dtype=torch.float64)[None, None]
+    W = linear_attention(q[None, None], k[None, None], eye, scale=1.0, causal=causal, normalize=normalize,
+                         feature_map=feature_map, feature_kwargs=feature_kwargs, mode="parallel")
+    return W[0, 0].numpy()
+
+
+__all__ = ["state_buildup_figure", "crossover_figure", "crossover_explorer", "linear_attention_weights"]
