@@ -6,10 +6,10 @@ What Colab does, as far as it can be done without Colab:
 
 1. clone this repository (its committed HEAD) into a temporary directory -- the stand-in for the URL
    in ``_config.yml``;
-2. create a fresh virtual environment that has no attnlib, and give it "preinstalled" torch, triton,
-   numpy, plotly and tqdm, as Colab has them: the distributions (and their dependencies) of the
-   Python running this script are linked into it, dist-info included, so pip sees them as installed
-   and must not reinstall them;
+2. create a fresh virtual environment (with a current pip, as Colab has) that has no attnlib, and
+   give it "preinstalled" torch, triton, numpy, plotly and tqdm, as Colab has them: the
+   distributions (and their dependencies) of the Python running this script are linked into it,
+   dist-info included, so pip sees them as installed and must not reinstall them;
 3. run the notebook's first cell in that environment, outside the repository, with the repository URL
    replaced by ``git+file://<the clone>`` -- the same ``pip install "attnlib @ git+..."`` command;
 4. run the next ``--cells - 1`` code cells, and check that ``attnlib`` was imported from the fresh
@@ -93,6 +93,9 @@ def main(argv=None) -> int:
         subprocess.run(["git", "clone", "--quiet", str(ROOT), str(clone)], check=True)
         subprocess.run([sys.executable, "-m", "venv", str(tmp / "venv")], check=True)
         py = tmp / "venv" / "bin" / "python"
+        # Colab's pip is recent; the pip that venv bundles may be too old to parse git+file:/// URLs
+        subprocess.run([str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check", "--upgrade", "pip"],
+                       check=True)
         site = Path(subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                                    capture_output=True, text=True, check=True).stdout.strip())
         n = link_distributions(closure(PREINSTALLED), site)
@@ -116,9 +119,11 @@ print("TORCH_FILE", torch.__file__)
             print(out.stderr[-3000:])
             print(f"FAIL: the first {args.cells} cell(s) did not run ({time.perf_counter() - t0:.0f} s)")
             return 1
-        where = dict(line.split(" ", 1) for line in out.stdout.splitlines() if line.startswith(("ATTNLIB_FILE", "TORCH_FILE")))
+        where = dict(line.split(" ", 1) for line in out.stdout.splitlines()
+                     if line.startswith(("ATTNLIB_FILE", "TORCH_FILE")))
         installed_in_venv = where["ATTNLIB_FILE"].startswith(str(site))
-        torch_linked = Path(where["TORCH_FILE"]).resolve().is_relative_to(Path(sysconfig.get_paths()["purelib"]).resolve())
+        here = Path(sysconfig.get_paths()["purelib"]).resolve()
+        torch_linked = Path(where["TORCH_FILE"]).resolve().is_relative_to(here)
         print(f"attnlib imported from {where['ATTNLIB_FILE']} (fresh venv: {installed_in_venv}); "
               f"torch from the preinstalled copy: {torch_linked}")
         ok = installed_in_venv and torch_linked
