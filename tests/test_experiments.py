@@ -72,7 +72,7 @@ def test_measure_scaling_returns_medians_inside_their_quartiles():
 
 
 def test_cost_model_recovers_its_own_law():
-    model = {"a0": 1e-6, "a1": 1e-7, "b0": 1e-4, "b1": 1e-7, "C": 64}
+    model = {"a0": 1e-6, "a1": 1e-7, "b0": 1e-4, "b1": 1e-7, "L": 64}
     Ts = [64, 128, 256, 512]
     m = {}
     for D in (16, 32, 64):

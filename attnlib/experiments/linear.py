@@ -53,7 +53,8 @@ def measure_flops(lengths: Sequence[int], dims: Sequence[int], *, batch: int = 1
                   chunk_size: int = 64) -> dict[int, dict[str, list[int]]]:
     """Counted FLOPs of causal softmax attention (attnlib's reference, which forms every score and
     masks afterwards: ``4 T^2 D`` per head) and of causal chunkwise linear attention
-    (``4 T D (C + D)`` per head for ``T`` a multiple of the chunk size ``C``), for every ``T`` and ``D``.
+    (``4 T D (L + D)`` per head, for ``T`` a multiple of the chunk length ``L = chunk_size``), for every
+    ``T`` and ``D``.
     Returns ``{D: {"T": [...], "softmax": [...], "linear": [...]}}``. Inputs live on the ``meta``
     device: the count depends on shapes only, so nothing is computed and long lengths cost nothing."""
     out: dict[int, dict[str, list[int]]] = {}
@@ -198,12 +199,12 @@ def cost_model(measurements: Mapping[int, Mapping[str, Sequence[float]]], *, chu
 
         t_softmax = T^2 (a0 + a1 D)           per score: a D-long dot product (a1 D) plus the
                                               exponential and running sums, which do not scale with D;
-        t_linear  = T (b0 + b1 D (C + D))     per token: the chunk algorithm's FLOPs (b1) plus a
+        t_linear  = T (b0 + b1 D (L + D))     per token: the chunk algorithm's FLOPs (b1) plus a
                                               per-token overhead that does not scale with D (b0).
 
     The per-score and per-token constants are medians of ``t / T^2`` and ``t / T`` per ``D``;
     each pair of coefficients is fitted by least squares on relative errors. Returns
-    ``{"a0", "a1", "b0", "b1", "C"}``.
+    ``{"a0", "a1", "b0", "b1", "L"}``.
     """
     check_measurements(measurements)
     Ds, per_score, per_token = [], [], []
@@ -216,19 +217,19 @@ def cost_model(measurements: Mapping[int, Mapping[str, Sequence[float]]], *, chu
         per_token.append(float(np.median([lin / T for T, _, lin in sel])))
     a0, a1 = _two_term_fit(Ds, per_score)
     b0, b1 = _two_term_fit([D * (chunk_size + D) for D in Ds], per_token)
-    return {"a0": a0, "a1": a1, "b0": b0, "b1": b1, "C": chunk_size}
+    return {"a0": a0, "a1": a1, "b0": b0, "b1": b1, "L": chunk_size}
 
 
 def model_times(model: Mapping[str, float], T, D) -> tuple[np.ndarray, np.ndarray]:
     """The model's ``(t_softmax, t_linear)`` at lengths ``T`` for head dimension ``D``."""
     T = np.asarray(T, dtype=float)
     return (T * T * (model["a0"] + model["a1"] * D),
-            T * (model["b0"] + model["b1"] * D * (model["C"] + D)))
+            T * (model["b0"] + model["b1"] * D * (model["L"] + D)))
 
 
 def model_crossover(model: Mapping[str, float], D: float) -> float:
-    """Where ``T^2 (a0 + a1 D) = T (b0 + b1 D (C + D))``: ``T* = (b0 + b1 D (C + D)) / (a0 + a1 D)``."""
-    return (model["b0"] + model["b1"] * D * (model["C"] + D)) / (model["a0"] + model["a1"] * D)
+    """Where ``T^2 (a0 + a1 D) = T (b0 + b1 D (L + D))``: ``T* = (b0 + b1 D (L + D)) / (a0 + a1 D)``."""
+    return (model["b0"] + model["b1"] * D * (model["L"] + D)) / (model["a0"] + model["a1"] * D)
 
 
 __all__ = ["kv_cache_bytes", "state_bytes", "count_flops", "measure_flops", "measure_scaling",

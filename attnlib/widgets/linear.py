@@ -142,7 +142,7 @@ def crossover_explorer(model: Mapping[str, float], *, lengths=(64, 131072)):
     Ts = np.geomspace(*lengths, 60)
     fig = go.FigureWidget()
     fig.add_scatter(x=Ts, y=Ts, mode="lines", name="softmax  T^2 (a0 + a1 D)", line=dict(color="#d62728"))
-    fig.add_scatter(x=Ts, y=Ts, mode="lines", name="linear  T (b0 + b1 D (C + D))", line=dict(color="#1f77b4"))
+    fig.add_scatter(x=Ts, y=Ts, mode="lines", name="linear  T (b0 + b1 D (L + D))", line=dict(color="#1f77b4"))
     fig.add_scatter(x=[1, 1], y=[1, 1], mode="markers", marker=dict(size=11, color=["#d62728", "#1f77b4"]),
                     showlegend=False)
     fig.update_xaxes(type="log", title_text="sequence length T")
