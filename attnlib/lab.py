@@ -46,7 +46,10 @@ class Lab:
     def glue(self, name: str, value) -> None:
         """Hand a number or text to the chapter page (myst-nb's ``glue``; the page writes
         ``{glue:text}`notebooks/NN_lab.ipynb::name:.2f```). Shows nothing in the notebook; does
-        nothing where myst-nb is not installed (e.g. Colab), since there is no page to paste into."""
+        nothing where myst-nb is not installed (e.g. Colab), since there is no page to paste into.
+        NumPy and torch scalars are passed as Python numbers, so that a format such as ``:.3f`` applies."""
+        if hasattr(value, "item") and getattr(value, "ndim", 0) == 0:
+            value = value.item()
         _glue(name, value)
 
     def glue_figure(self, name: str, fig, *, plotlyjs: bool = True) -> None:
