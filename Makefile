@@ -20,12 +20,13 @@ HAS_GPU  := $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1)
 KERNEL_ENV := $(if $(HAS_GPU),,TRITON_INTERPRET=1)
 PIP      := $(PY) -m pip install --quiet --disable-pip-version-check
 
-.PHONY: help install book test lint unit notebooks book-build browser bench clean
+.PHONY: help install book test lint unit notebooks book-build browser bench seeds clean
 
 help:
 	@echo "make book   -- build the book into $(HTML) (creates $(VENV) if missing)"
 	@echo "make test   -- lint, unit tests, notebooks (nbval), book build (-W), browser check"
 	@echo "make bench  -- every GPU benchmark, fwd and fwd+bwd (writes benchmarks/results/*.json)"
+	@echo "make seeds  -- every lab over seeds 0-4 with a CPU-bound process beside it (slow)"
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -48,6 +49,7 @@ book-build: install
 
 lint: install
 	$(VENV)/bin/ruff check attnlib tests benchmarks scripts notebooks
+	$(VENV)/bin/actionlint .github/workflows/*.yml
 
 unit: install
 	$(VENV)/bin/pytest -p no:cacheprovider tests
@@ -74,6 +76,11 @@ bench: install
 	  i=$$((i + 1)); echo "[bench $$i/$$n] $$script"; \
 	  $(PY) $$script; \
 	done
+
+# Every lab's asserts must hold on any seed and on a busy machine: run each over seeds 0-4 (via
+# ATTNBOOK_SEED) with one busy-looping process beside it, and print a pass/fail table.
+seeds: install
+	$(PY) scripts/check_seeds.py --seeds 0-4 --burners 1
 
 clean:
 	rm -rf _build .pytest_cache .hypothesis

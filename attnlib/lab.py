@@ -5,6 +5,11 @@
 
 Quick mode (the default on a CPU: CI's 2 cores must run each notebook in about a minute) shrinks
 the experiments; on a GPU, or with ``ATTNBOOK_FULL=1``, they run at full scale.
+
+Every random choice in a lab flows from ``lab.seed``: ``lab.generator(offset)`` for tensors,
+``lab.seeds(n)`` for experiments repeated over several seeds. ``ATTNBOOK_SEED=<int>`` in the
+environment overrides the seed a notebook passes to :func:`setup`, so ``scripts/check_seeds.py`` can
+run every lab over seeds 0-4 without editing it; CI leaves it unset (seed 0).
 """
 
 from __future__ import annotations
@@ -31,7 +36,42 @@ class Lab:
 
     def generator(self, offset: int = 0) -> torch.Generator:
         """A CPU generator seeded from the lab's seed (``offset`` gives independent streams)."""
-        return torch.Generator().manual_seed(self.seed + offset)
+        return torch.Generator().manual_seed(self.derive(offset))
+
+    def derive(self, offset: int = 0) -> int:
+        """An integer seed for a library function's ``seed=`` argument, derived from the lab's seed
+        (distinct offsets give distinct seeds; distinct lab seeds give disjoint ranges)."""
+        return self.seed * 100_003 + offset
+
+    def glue(self, name: str, value) -> None:
+        """Hand a number or text to the chapter page (myst-nb's ``glue``; the page writes
+        ``{glue:text}`notebooks/NN_lab.ipynb::name:.2f```). Shows nothing in the notebook; does
+        nothing where myst-nb is not installed (e.g. Colab), since there is no page to paste into.
+        NumPy and torch scalars are passed as Python numbers, so that a format such as ``:.3f`` applies."""
+        if hasattr(value, "item") and getattr(value, "ndim", 0) == 0:
+            value = value.item()
+        _glue(name, value)
+
+    def glue_figure(self, name: str, fig, *, plotlyjs: bool = True) -> None:
+        """Hand a Plotly figure to the chapter page (``{glue} name`` with ``:doc:``). It travels as
+        HTML with precomputed sliders, the form Jupyter Book 1 renders (Plotly's own JSON mime type
+        would be dropped). ``plotlyjs=True`` inlines plotly.js (about 4 MB): the first figure glued
+        into a page needs it, later ones on the same page can pass ``plotlyjs=False``."""
+        from IPython.display import HTML
+
+        _glue(name, HTML(fig.to_html(full_html=False, include_plotlyjs=plotlyjs, auto_play=False)))
+
+    def seeds(self, n: int, offset: int = 0) -> list[int]:
+        """``n`` seeds for an experiment repeated over seeds (mean and spread), derived from the lab's."""
+        return [self.derive(offset + i) for i in range(n)]
+
+
+def _glue(name: str, value) -> None:
+    try:
+        from myst_nb import glue
+    except ImportError:  # no book build here: nothing to paste into
+        return
+    glue(name, value, display=False)
 
 
 def in_colab() -> bool:
@@ -55,7 +95,20 @@ def configure_plotly() -> None:
         pio.renderers[name].auto_play = False
 
 
+def seed_from_env(seed: int) -> int:
+    """``ATTNBOOK_SEED`` when set (the seed-check script sets it), else ``seed``."""
+    raw = os.environ.get("ATTNBOOK_SEED", "").strip()
+    if not raw:
+        return seed
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"ATTNBOOK_SEED must be an integer; got {raw!r}") from None
+
+
 def setup(seed: int = 0) -> Lab:
+    """Seed python, numpy and torch; pick the device and the scale; configure Plotly."""
+    seed = seed_from_env(seed)
     random.seed(seed)
     np.random.seed(seed)  # noqa: NPY002 - notebooks may use the legacy global generator
     torch.manual_seed(seed)

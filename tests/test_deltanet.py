@@ -277,24 +277,6 @@ def test_length_one_and_empty_batch():
 
 # ------------------------------------------------------------------ the chapter's figures
 
-def test_widget_state_trajectory_matches_the_library_and_figures_have_a_frame_per_step(rel_err):
-    from attnlib.widgets import deltanet as wdn
-    q, k, v, beta, g = make(B=1, H=1, T=30, D=6, Dv=4, gated=True)
-    S_all = wdn.state_trajectory(k[0, 0], v[0, 0], beta[0, 0], rule="delta", g=g[0, 0])
-    _, S = delta_rule(q, k, v, beta, g=g, output_final_state=True)
-    assert S_all.shape == (30, 4, 6) and rel_err(S_all[-1], S[0, 0]) < 1e-12
-    S_lin = wdn.state_trajectory(k[0, 0], v[0, 0], 1.0, rule="linear")
-    torch.testing.assert_close(S_lin[-1], v[0, 0].T @ k[0, 0])
-    fig = wdn.singular_values_figure(k[0, 0], v[0, 0], 1.0, steps=[1, 10, 30])
-    assert len(fig.frames) == 3 and len(fig.layout.sliders[0].steps) == 3
-    fig = wdn.stability_figure(betas=(1.0, 2.5), T=120, D=8)
-    assert len(fig.frames) == 2
-    ok, bad = (max(fr.data[0].y) for fr in fig.frames)
-    assert ok < 10 < 1e3 < bad
-    with pytest.raises(ValueError, match="rule must be"):
-        wdn.state_trajectory(k[0, 0], v[0, 0], 1.0, rule="softmax")
-
-
 def test_stability_explorer_builds_and_responds():
     from attnlib.widgets import deltanet as wdn
     box = wdn.stability_explorer(T=40, D=8)

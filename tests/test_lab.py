@@ -1,6 +1,7 @@
 """The labs' common set-up: seeding, quick mode on CPU, and a renderer the built book can show."""
 
 import plotly.io as pio
+import pytest
 import torch
 
 from attnlib.lab import setup
@@ -23,3 +24,23 @@ def test_setup_uses_a_renderer_that_emits_html_for_the_book(monkeypatch):
     setup(seed=0)
     assert "notebook" in pio.renderers.default
     assert pio.renderers["notebook"].auto_play is False   # frames are slider steps, not a movie
+
+
+def test_the_seed_comes_from_ATTNBOOK_SEED_when_set(monkeypatch):
+    monkeypatch.delenv("ATTNBOOK_SEED", raising=False)
+    assert setup(seed=0).seed == 0
+    monkeypatch.setenv("ATTNBOOK_SEED", "3")
+    lab = setup(seed=0)
+    assert lab.seed == 3
+    assert torch.equal(torch.randn(2, generator=lab.generator(1)),
+                       torch.randn(2, generator=torch.Generator().manual_seed(lab.derive(1))))
+    monkeypatch.setenv("ATTNBOOK_SEED", "x")
+    with pytest.raises(ValueError, match="ATTNBOOK_SEED must be an integer"):
+        setup(seed=0)
+
+
+def test_derived_seeds_are_distinct_across_offsets_and_lab_seeds(monkeypatch):
+    monkeypatch.delenv("ATTNBOOK_SEED", raising=False)
+    a, b = setup(seed=0), setup(seed=1)
+    assert len(set(a.seeds(5)) | set(b.seeds(5))) == 10
+    assert a.derive(0) != a.derive(1)

@@ -14,12 +14,9 @@ from attnlib import linear_attention, linear_attention_decode_step
 from attnlib.linear import (
     MODES,
     FavorPlus,
-    associative_recall,
     elu1,
-    kv_cache_bytes,
     linear_attention_chunk_reference,
     linear_attention_parallel_reference,
-    state_bytes,
 )
 
 F64 = torch.float64
@@ -257,24 +254,6 @@ def test_triton_backward_matches_reference_gradients(rel_err):
         assert rel_err(b, a) < 1e-5
 
 
-# --- bookkeeping helpers -----------------------------------------------------------------------------
-
-def test_state_bytes_are_constant_while_the_kv_cache_grows():
-    assert kv_cache_bytes(1000, D=64) == 1000 * 128 * 2
-    assert state_bytes(D=64) == 64 * 64 * 4
-    assert kv_cache_bytes(2 * 64 * 64 * 4 // (128 * 2), D=64) == state_bytes(D=64) * 2
-
-
-def test_recall_crosstalk_matches_its_expected_size_and_degrades_past_dim():
-    acc_few, err_few = associative_recall(4, 64, trials=4)
-    assert acc_few == 1.0
-    for n, d in ((32, 32), (128, 32), (64, 16)):
-        _, err = associative_recall(n, d, trials=8)
-        assert abs(err / ((n - 1) / d) - 1) < 0.2            # E|crosstalk|^2 = (N - 1) / D
-    acc_many, _ = associative_recall(512, 32, trials=2)
-    assert acc_many < 0.5
-
-
 # --- bad input ------------------------------------------------------------------------------------------
 
 def test_mismatched_shapes_are_rejected():
@@ -333,17 +312,6 @@ def test_decode_step_refuses_more_than_one_token():
 
 # --- measurement helpers and figures ----------------------------------------------------------------
 
-def test_power_law_fit_recovers_exponent_and_crossover_is_interpolated():
-    T = [64, 128, 256, 512]
-    slope, icpt = attnlib.linear.fit_power_law(T, [3.0 * t ** 2 for t in T])
-    assert abs(slope - 2) < 1e-9 and abs(math.exp(icpt) - 3) < 1e-6
-    from attnlib.linear import crossover_length
-    # softmax t^2 / 100 vs linear t: equal at t = 100, between 64 and 128
-    assert abs(crossover_length(T, [t * t / 100 for t in T], T) - 100) < 1e-6
-    assert crossover_length(T, [1, 1, 1, 1], [2, 2, 2, 2]) == math.inf
-    assert crossover_length(T, [2, 2, 2, 2], [1, 1, 1, 1]) == 64
-
-
 def test_state_buildup_figure_frames_hold_the_running_state():
     import numpy as np
 
@@ -359,22 +327,3 @@ def test_state_buildup_figure_frames_hold_the_running_state():
         assert np.allclose(np.asarray(fr.data[1].y), np.asarray(fr.data[2].y))
     with pytest.raises(ValueError, match="one head"):
         lw.state_buildup_figure(q[None], k, v)
-
-
-def test_crossover_figure_and_explorer_follow_the_measurements():
-    pytest.importorskip("ipywidgets")
-    from attnlib.widgets import linear as lw
-    m = {16: {"T": [64, 128, 256], "softmax": [1, 4, 16], "linear": [2, 4, 8]},
-         64: {"T": [64, 128, 256], "softmax": [4, 16, 64], "linear": [16, 32, 64]}}
-    fig = lw.crossover_figure(m)
-    assert len(fig.frames) == 2 and "slope 2.00" in fig.frames[0].data[1].name
-    assert fig.frames[0].data[-1].x[0] == pytest.approx(128)
-    model = lw.cost_model(m)
-    assert lw.model_crossover(model, 64) > lw.model_crossover(model, 16)
-    box = lw.crossover_explorer(model)
-    (d_slider, _t), fig_w = box.children[0].children, box.children[1]
-    before = list(fig_w.data[0].y)
-    d_slider.value = 256
-    assert list(fig_w.data[0].y) != before
-    with pytest.raises(ValueError, match="lacks 'linear'"):
-        lw.crossover_figure({16: {"T": [1, 2], "softmax": [1, 2]}})

@@ -49,3 +49,106 @@ def test_widget_inputs_are_validated():
         widgets.transport_plan_figure(torch.zeros(2, 2), [0.0])
     with pytest.raises(ValueError, match="to match q"):
         widgets.attention_map_figure(torch.zeros(3, 2), torch.zeros(3, 4), [1.0])
+
+
+# --- chapter 3 ------------------------------------------------------------------------------------
+
+def test_crossover_figure_band_and_explorer_follow_the_measurements():
+    pytest.importorskip("ipywidgets")
+    from attnlib.experiments import linear as xl
+    from attnlib.widgets import linear as lw
+    m = {16: {"T": [64, 128, 256], "softmax": [1, 4, 16], "linear": [2, 4, 8],
+              "softmax_q1": [0.9, 3.8, 15], "softmax_q3": [1.1, 4.2, 17],
+              "linear_q1": [1.9, 3.9, 7.5], "linear_q3": [2.1, 4.1, 8.5]},
+         64: {"T": [64, 128, 256], "softmax": [4, 16, 64], "linear": [16, 32, 64],
+              "softmax_q1": [4, 16, 64], "softmax_q3": [4, 16, 64],
+              "linear_q1": [16, 32, 64], "linear_q3": [16, 32, 64]}}
+    fig = lw.crossover_figure(m)
+    assert len(fig.frames) == 2
+    names = [t.name for t in fig.frames[0].data]
+    assert any("quartiles" in n for n in names) and any("slope 2.00" in n for n in names)
+    assert fig.frames[0].data[-1].x[0] == pytest.approx(128)
+    model = xl.cost_model(m)
+    box = lw.crossover_explorer(model)
+    (d_slider, _t), fig_w = box.children[0].children, box.children[1]
+    before = list(fig_w.data[0].y)
+    d_slider.value = 256
+    assert list(fig_w.data[0].y) != before
+    with pytest.raises(ValueError, match="lacks 'linear'"):
+        lw.crossover_figure({16: {"T": [1, 2], "softmax": [1, 2]}})
+
+
+# --- chapter 4 ------------------------------------------------------------------------------------
+
+def test_deltanet_figures_have_a_frame_per_step_and_show_the_stability_edge():
+    from attnlib.widgets import deltanet as wdn
+    g = torch.Generator().manual_seed(0)
+    k = torch.nn.functional.normalize(torch.randn(30, 6, generator=g, dtype=torch.float64), dim=-1)
+    v = torch.randn(30, 4, generator=g, dtype=torch.float64)
+    S_lin = wdn.state_trajectory(k, v, 1.0, rule="linear")
+    torch.testing.assert_close(S_lin[-1], v.T @ k)                   # S_T = sum_t v_t k_t^T
+    fig = wdn.singular_values_figure(k, v, 1.0, steps=[1, 10, 30])
+    assert len(fig.frames) == 3 and len(fig.layout.sliders[0].steps) == 3
+    fig = wdn.stability_figure(betas=(1.0, 2.5), T=120, D=8)
+    assert len(fig.frames) == 2
+    ok, bad = (max(fr.data[0].y) for fr in fig.frames)
+    assert ok < 10 < 1e3 < bad
+    with pytest.raises(ValueError, match="rule must be"):
+        wdn.state_trajectory(k, v, 1.0, rule="softmax")
+
+
+# --- the transport thread: weights beside softmax's plan ------------------------------------------
+
+def test_weights_comparison_figure_has_a_frame_per_step_and_validates_panels():
+    W = np.eye(4)
+    steps = [{"softmax": W, "other": -W}, {"softmax": W, "other": 2 * W}]
+    fig = widgets.weights_comparison_figure(steps, ["a", "b"], prefix="x = ", title="t")
+    assert len(fig.frames) == 2 and len(fig.data) == 2
+    assert "min -1.00" in fig.frames[0].layout.title.text and "row sums 2.00..2.00" in fig.frames[1].layout.title.text
+    assert fig.data[0].zmin == -2.0 and fig.data[0].zmax == 2.0          # one symmetric scale for all
+    with pytest.raises(ValueError, match="expected \\['softmax', 'other'\\]"):
+        widgets.weights_comparison_figure([steps[0], {"softmax": W}], ["a", "b"], prefix="", title="")
+    with pytest.raises(ValueError, match="finite"):
+        widgets.weights_comparison_figure([{"a": np.full((2, 2), np.nan)}], ["a"], prefix="", title="")
+    with pytest.raises(ValueError, match="zmax must be a finite number > 0"):
+        widgets.weights_comparison_figure(steps, ["a", "b"], prefix="", title="", zmax=0.0)
+
+
+def test_normalised_linear_attention_weights_are_a_plan_only_with_positive_features():
+    from attnlib.widgets import linear as lw
+    g = torch.Generator().manual_seed(0)
+    q, k = (0.5 * torch.randn(12, 6, generator=g, dtype=torch.float64) for _ in range(2))
+    for fm in ("elu1", "favor+"):
+        W = lw.linear_attention_weights(q, k, feature_map=fm)
+        assert np.allclose(W.sum(1), 1, atol=1e-4) and W.min() >= 0
+        assert np.allclose(np.triu(W, 1), 0)                              # causal
+    W_id = lw.linear_attention_weights(q, k)
+    assert np.allclose(W_id.sum(1), 1, atol=1e-3) and W_id.min() < 0
+    # the weights are what the library computes: W @ V equals the output for any V
+    from attnlib import linear_attention
+    v = torch.randn(1, 1, 12, 3, generator=g, dtype=torch.float64)
+    o = linear_attention(q[None, None], k[None, None], v, scale=1.0, feature_map="elu1", normalize=True)
+    assert np.allclose(lw.linear_attention_weights(q, k, feature_map="elu1") @ v[0, 0].numpy(), o[0, 0].numpy())
+
+
+def test_delta_rule_implied_weights_match_su_and_turn_negative_on_non_negative_input():
+    from attnlib.widgets import deltanet as wdn
+    g = torch.Generator().manual_seed(1)
+    T = 10
+    q = torch.nn.functional.normalize(torch.rand(T, 5, generator=g, dtype=torch.float64), dim=-1)
+    k = torch.nn.functional.normalize(torch.rand(T, 5, generator=g, dtype=torch.float64), dim=-1)
+    W = wdn.implied_weights(q, k, 1.0)
+    su = (q @ k.T).tril() @ torch.linalg.inv(torch.eye(T, dtype=torch.float64) + (k @ k.T).tril(-1))
+    assert np.allclose(W, su.numpy(), atol=1e-12)
+    assert (q @ k.T).min() >= 0 and W.min() < 0                          # not a plan
+    with pytest.raises(ValueError, match="both be \\[T, D\\]"):
+        wdn.implied_weights(q, k[:5], 1.0)
+
+
+def test_lab_glue_is_silent_in_the_notebook(capsys):
+    from attnlib.lab import setup
+    lab = setup(seed=0)
+    lab.glue("x", 1.5)
+    import plotly.graph_objects as go
+    lab.glue_figure("f", go.Figure(go.Scatter(y=[1, 2])), plotlyjs=False)
+    assert capsys.readouterr().out == ""

@@ -1,6 +1,17 @@
 """What the labs measure, kept apart from the operators: tasks, timers, fits and counts.
-One submodule per subject; chapters add theirs with one import line below."""
 
-from . import anna, grassmann
+An operator module (``attnlib.linear``, ``attnlib.deltanet`` ...) is a chapter's equations and their
+dispatch; the experiments that chapters run on them live here, one submodule per subject:
 
-__all__ = ["anna", "grassmann"]
+    recall   write key--value pairs into one state and read them back (chapters 3 and 4)
+    linear   chapter 3's cost: counted FLOPs, cache bytes, CPU timings, power-law fits, crossover
+    mqar     multi-query associative recall and the tiny models trained on it (chapter 4 onwards)
+    anna     chapter 5's tasks (match2, k-hop induction), collision rates, the (c, r) conditions
+    grassmann  chapter 6's corpus, GrassmannLM and TransformerLM, training, counted FLOPs
+
+Chapters add their own submodule with one import line below.
+"""
+
+from . import anna, grassmann, linear, mqar, recall
+
+__all__ = ["anna", "grassmann", "linear", "mqar", "recall"]

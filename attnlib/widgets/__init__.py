@@ -7,6 +7,13 @@ submodule: ``attnlib.widgets.needle`` (chapter 2), ``attnlib.widgets.linear`` (c
 ``attnlib.widgets.deltanet`` (chapter 4).
 """
 
-from .eot import attention_explorer, attention_map_figure, transport_plan_explorer, transport_plan_figure
+from .eot import (
+    attention_explorer,
+    attention_map_figure,
+    transport_plan_explorer,
+    transport_plan_figure,
+    weights_comparison_figure,
+)
 
-__all__ = ["attention_map_figure", "attention_explorer", "transport_plan_figure", "transport_plan_explorer"]
+__all__ = ["attention_map_figure", "attention_explorer", "transport_plan_figure", "transport_plan_explorer",
+           "weights_comparison_figure"]

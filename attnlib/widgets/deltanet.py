@@ -11,6 +11,8 @@ import numpy as np
 import plotly.graph_objects as go
 import torch
 
+from ..deltanet import delta_rule_recurrent_reference
+from ..linear import linear_attention_recurrent_reference
 from ._slider import add_frame_slider
 
 
@@ -18,25 +20,29 @@ def state_trajectory(k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor | floa
                      g: torch.Tensor | None = None) -> torch.Tensor:
     """The states ``S_1 .. S_T`` of one head: ``k: [T, D]``, ``v: [T, Dv]``, ``beta: [T]`` or a number.
 
-    ``rule="linear"``: ``S_t = S_{t-1} + v_t k_t^T``; ``rule="delta"``: the delta rule (gated when ``g``
-    is given). Returns ``[T, Dv, D]`` in float64.
+    Runs the library's own recurrences one token at a time, handing the state over:
+    ``rule="linear"``: :func:`attnlib.linear.linear_attention_recurrent_reference` (``S_t = S_{t-1} + v_t k_t^T``);
+    ``rule="delta"``: :func:`attnlib.deltanet.delta_rule_recurrent_reference` (gated when ``g`` is given; any
+    ``beta``, also outside the stable range, since the figures show what happens there).
+    Returns ``[T, Dv, D]`` in float64.
     """
-    k, v = k.double(), v.double()
-    T = k.shape[0]
-    beta = torch.as_tensor(beta, dtype=torch.float64).expand(T) if not torch.is_tensor(beta) or beta.dim() == 0 \
-        else beta.double()
-    S = torch.zeros(v.shape[1], k.shape[1], dtype=torch.float64)
+    if rule not in ("linear", "delta"):
+        raise ValueError(f"rule must be 'linear' or 'delta'; got {rule!r}")
+    k, v = k.double()[None, None], v.double()[None, None]                # [1, 1, T, D]
+    T = k.shape[2]
+    beta = torch.as_tensor(beta, dtype=torch.float64).expand(T)[None, None]
+    g = None if g is None else torch.as_tensor(g, dtype=torch.float64).expand(T)[None, None]
+    S = torch.zeros(1, 1, v.shape[-1], k.shape[-1], dtype=torch.float64)
+    q = torch.zeros_like(k[:, :, :1])                                    # outputs are not needed
     out = []
     for t in range(T):
+        kt, vt = k[:, :, t:t + 1], v[:, :, t:t + 1]
         if rule == "linear":
-            S = S + torch.outer(v[t], k[t])
-        elif rule == "delta":
-            if g is not None:
-                S = S * float(torch.exp(g[t]))
-            S = S + beta[t] * torch.outer(v[t] - S @ k[t], k[t])
+            _, S = linear_attention_recurrent_reference(q, kt, vt, S)
         else:
-            raise ValueError(f"rule must be 'linear' or 'delta'; got {rule!r}")
-        out.append(S.clone())
+            g_t = None if g is None else g[:, :, t:t + 1]
+            _, S = delta_rule_recurrent_reference(q, kt, vt, beta[:, :, t:t + 1], g_t, scale=1.0, initial_state=S)
+        out.append(S[0, 0])
     return torch.stack(out)
 
 
@@ -118,3 +124,24 @@ def stability_explorer(*, T: int = 200, D: int = 16, seed: int = 0):
     b_slider.observe(update, names="value")
     n_slider.observe(update, names="value")
     return widgets.VBox([widgets.HBox([b_slider, n_slider]), fig])
+
+
+def implied_weights(q, k, beta) -> np.ndarray:
+    """The ``[T, T]`` weights the delta rule implicitly puts on the values, for one head, computed by
+    the library: :func:`attnlib.deltanet.delta_rule_recurrent_reference` applied to ``v = I_T`` returns, in row
+    ``t``, the coefficients of ``o_t = S_t q_t = sum_j w_tj v_j`` (``scale = 1``, no gate). In Su's
+    form ``W = (QK^T . M)(I + diag(beta)(KK^T . M^-))^{-1} diag(beta)``.
+
+    Unlike softmax's plan these weights are signed and their rows need not sum to one: each write
+    first subtracts what its key already retrieves, so later keys put negative weight on earlier
+    values. ``q, k: [T, D]``, ``beta``: a number or ``[T]``.
+    """
+    q = torch.as_tensor(q, dtype=torch.float64)
+    k = torch.as_tensor(k, dtype=torch.float64)
+    if q.dim() != 2 or k.shape != q.shape:
+        raise ValueError(f"q and k must both be [T, D] (one head); got {tuple(q.shape)} and {tuple(k.shape)}")
+    T = q.shape[0]
+    b = torch.as_tensor(beta, dtype=torch.float64).expand(T)[None, None]
+    eye = torch.eye(T, dtype=torch.float64)[None, None]
+    o, _ = delta_rule_recurrent_reference(q[None, None], k[None, None], eye, b, scale=1.0)
+    return o[0, 0].numpy()

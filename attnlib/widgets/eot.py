@@ -6,7 +6,7 @@ built book with no kernel. Live versions (``*_explorer``) are ipywidgets around 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import plotly.graph_objects as go
@@ -160,6 +160,54 @@ def attention_map_figure(q, k, temperatures: Sequence[float], *, active: int | N
             dict(label="causal", method="restyle", args=[{"visible": [False, True]}]),
         ])])
     return add_frame_slider(fig, frames, [f"{t:.3g}" for t in taus], prefix="τ = ", active=active)
+
+
+def weights_comparison_figure(steps: Sequence[Mapping[str, np.ndarray]], labels: Sequence[str], *,
+                              prefix: str, title: str, active: int = 0, zmax: float | None = None) -> go.Figure:
+    """Weight matrices side by side -- softmax's plan beside another mechanism's (implied) weights on
+    the same input -- with a slider over a parameter (temperature, feature count, beta ...).
+
+    ``steps[i]`` maps a panel name to a ``[T, T]`` weight matrix (row ``t``: the weights of query
+    ``t`` on the values); every step has the same panel names. One diverging colour scale, centred
+    on zero, for all panels and steps: a plan is all on one side of it, signed weights are not.
+    Each panel's hover shows the entry; each frame's title reports, per panel, the range of the row
+    sums and the smallest entry -- the two things that decide whether the rows are a transport plan
+    (rows summing to 1, entries >= 0). ``zmax`` caps the colour scale (default: the largest |entry|;
+    larger entries show in the end colour). Works in a static page (precomputed frames).
+    """
+    if not steps:
+        raise ValueError("steps must hold at least one slider step")
+    if len(steps) != len(labels):
+        raise ValueError(f"got {len(steps)} steps but {len(labels)} labels")
+    names = list(steps[0])
+    for i, st in enumerate(steps):
+        if list(st) != names:
+            raise ValueError(f"steps[{i}] has panels {list(st)}; expected {names}")
+    mats = [[np.asarray(st[n], dtype=float) for n in names] for st in steps]
+    for i, row in enumerate(mats):
+        for n, W in zip(names, row):
+            if W.ndim != 2 or not np.isfinite(W).all():
+                raise ValueError(f"steps[{i}][{n!r}] must be a finite [T, T] matrix; got shape {W.shape}")
+    if zmax is None:
+        zmax = max(float(np.abs(W).max()) for row in mats for W in row) or 1.0
+    zmax = _validate.check_positive("zmax", float(zmax))
+
+    def describe(row):
+        return "   |   ".join(f"{n}: row sums {W.sum(1).min():.2f}..{W.sum(1).max():.2f}, min {W.min():+.2f}"
+                               for n, W in zip(names, row))
+
+    fig = make_subplots(rows=1, cols=len(names), subplot_titles=names, horizontal_spacing=0.06)
+    for c, W in enumerate(mats[active], start=1):
+        fig.add_trace(go.Heatmap(z=W, zmin=-zmax, zmax=zmax, zmid=0.0, colorscale="RdBu_r", showscale=(c == 1),
+                                 colorbar=dict(title="weight", len=0.8),
+                                 hovertemplate="query %{y} → value %{x}: %{z:.3f}<extra></extra>"), row=1, col=c)
+        fig.update_yaxes(autorange="reversed", row=1, col=c)
+    frames = [go.Frame(data=[go.Heatmap(z=W) for W in row], name=f"s{i}", traces=list(range(len(names))),
+                       layout=go.Layout(title_text=f"{title}<br><sup>{describe(row)}</sup>"))
+              for i, row in enumerate(mats)]
+    fig.update_layout(title=dict(text=f"{title}<br><sup>{describe(mats[active])}</sup>", font=dict(size=13)),
+                      height=430, margin=dict(t=90, l=30, r=20, b=20))
+    return add_frame_slider(fig, frames, list(labels), prefix=prefix, active=active)
 
 
 def transport_plan_explorer(C, *, eps_min: float = 0.02, eps_max: float = 50.0):

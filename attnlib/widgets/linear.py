@@ -15,7 +15,7 @@ import plotly.graph_objects as go
 import torch
 from plotly.subplots import make_subplots
 
-from ..linear import crossover_length, fit_power_law
+from ..experiments.linear import check_measurements, crossover_length, fit_power_law, model_crossover, model_times
 from ._slider import add_frame_slider
 
 
@@ -84,31 +84,22 @@ def state_buildup_figure(q, k, v, *, bytes_per_number: int = 2) -> go.Figure:
     return add_frame_slider(fig, frames, [str(t) for t in range(1, T + 1)], prefix="t = ")
 
 
-def _check_measurements(m: Mapping) -> None:
-    if not m:
-        raise ValueError("measurements is empty; expected {D: {'T': [...], 'softmax': [...], "
-                         "'linear': [...]}}")
-    for D, row in m.items():
-        for key in ("T", "softmax", "linear"):
-            if key not in row:
-                raise ValueError(f"measurements[{D}] lacks {key!r}")
-        if not (len(row["T"]) == len(row["softmax"]) == len(row["linear"]) >= 2):
-            raise ValueError(f"measurements[{D}] needs equally long T, softmax, linear lists (>= 2)")
-
-
 def crossover_figure(measurements: Mapping[int, Mapping[str, Sequence[float]]], *,
                      fit_from: int = 0) -> go.Figure:
     """Log-log time against ``T`` for softmax and linear attention, one slider step per ``D``:
-    measured points, fitted power laws (slopes in the legend, fitted on ``T >= fit_from``) and the
-    measured crossover length as a vertical line.
+    measured medians, their interquartile band (when the measurements carry ``softmax_q1`` /
+    ``softmax_q3`` ...), fitted power laws (slopes in the legend, fitted on ``T >= fit_from``) and
+    the measured crossover length as a vertical line.
 
     ``measurements``: ``{D: {"T": [...], "softmax": [ms...], "linear": [ms...]}}`` as returned by
-    ``attnlib.linear.measure_scaling``.
+    ``attnlib.experiments.linear.measure_scaling``.
     """
-    _check_measurements(measurements)
+    check_measurements(measurements)
     Ds = list(measurements)
-    lo = min(min(r["softmax"] + r["linear"]) for r in measurements.values())
-    hi = max(max(r["softmax"] + r["linear"]) for r in measurements.values())
+    lo = min(min(list(r.get("softmax_q1", r["softmax"])) + list(r.get("linear_q1", r["linear"])))
+             for r in measurements.values())
+    hi = max(max(list(r.get("softmax_q3", r["softmax"])) + list(r.get("linear_q3", r["linear"])))
+             for r in measurements.values())
 
     def traces(D):
         r = measurements[D]
@@ -118,8 +109,13 @@ def crossover_figure(measurements: Mapping[int, Mapping[str, Sequence[float]]], 
         for name, color in (("softmax", "#d62728"), ("linear", "#1f77b4")):
             y = np.asarray(r[name], dtype=float)
             slope, icpt = fit_power_law(T[sel], y[sel], robust=True)
+            if f"{name}_q1" in r and f"{name}_q3" in r:           # the spread of the repeats
+                band = np.concatenate([np.asarray(r[f"{name}_q3"], float), np.asarray(r[f"{name}_q1"], float)[::-1]])
+                out.append(go.Scatter(x=np.concatenate([T, T[::-1]]), y=band, fill="toself", mode="lines",
+                                      line=dict(width=0), fillcolor=color, opacity=0.2, hoverinfo="skip",
+                                      name=f"{name}: quartiles of the repeats"))
             out.append(go.Scatter(x=T, y=y, mode="markers", marker=dict(color=color, size=8),
-                                  name=f"{name} (measured)"))
+                                  name=f"{name} (median)"))
             out.append(go.Scatter(x=T[sel], y=np.exp(icpt) * T[sel] ** slope, mode="lines",
                                   line=dict(color=color, dash="dot"),
                                   name=f"{name} fit: slope {slope:.2f}"))
@@ -138,56 +134,6 @@ def crossover_figure(measurements: Mapping[int, Mapping[str, Sequence[float]]], 
     return add_frame_slider(fig, frames, [str(D) for D in Ds], prefix="head dim D = ")
 
 
-def _two_term_fit(xs, ys) -> tuple[float, float]:
-    """``y ~ c0 + c1 x`` by least squares on relative errors, both coefficients kept >= 0."""
-    x, y = np.asarray(xs, dtype=float), np.asarray(ys, dtype=float)
-    A = np.stack([np.ones_like(x), x], axis=1) / y[:, None]
-    c0, c1 = np.linalg.lstsq(A, np.ones_like(y), rcond=None)[0]
-    if c0 < 0:
-        return 0.0, float(np.sum(y * x) / np.sum(x * x))
-    if c1 < 0:
-        return float(np.mean(y)), 0.0
-    return float(c0), float(c1)
-
-
-def cost_model(measurements: Mapping[int, Mapping[str, Sequence[float]]], *, chunk_size: int = 64,
-               fit_from: int = 0) -> dict[str, float]:
-    """Calibrate two cost laws to the measurements (``T >= fit_from``):
-
-        t_softmax = T^2 (a0 + a1 D)           per score: a D-long dot product (a1 D) plus the
-                                              exponential and running sums, which do not scale with D;
-        t_linear  = T (b0 + b1 D (C + D))     per token: the chunk algorithm's FLOPs (b1) plus a
-                                              per-token overhead that does not scale with D (b0).
-
-    The per-score and per-token constants are medians of ``t / T^2`` and ``t / T`` per ``D``;
-    each pair of coefficients is fitted by least squares on relative errors. Returns
-    ``{"a0", "a1", "b0", "b1", "C"}``.
-    """
-    _check_measurements(measurements)
-    Ds, per_score, per_token = [], [], []
-    for D, r in measurements.items():
-        sel = [(T, s, lin) for T, s, lin in zip(r["T"], r["softmax"], r["linear"]) if T >= fit_from]
-        if not sel:
-            raise ValueError(f"no measurement for D={D} has T >= fit_from={fit_from}")
-        Ds.append(float(D))
-        per_score.append(float(np.median([s / (T * T) for T, s, _ in sel])))
-        per_token.append(float(np.median([lin / T for T, _, lin in sel])))
-    a0, a1 = _two_term_fit(Ds, per_score)
-    b0, b1 = _two_term_fit([D * (chunk_size + D) for D in Ds], per_token)
-    return {"a0": a0, "a1": a1, "b0": b0, "b1": b1, "C": chunk_size}
-
-
-def _model_times(model, T, D):
-    T = np.asarray(T, dtype=float)
-    return (T * T * (model["a0"] + model["a1"] * D),
-            T * (model["b0"] + model["b1"] * D * (model["C"] + D)))
-
-
-def model_crossover(model: Mapping[str, float], D: float) -> float:
-    """Where ``T^2 (a0 + a1 D) = T (b0 + b1 D (C + D))``: ``T* = (b0 + b1 D (C + D)) / (a0 + a1 D)``."""
-    return (model["b0"] + model["b1"] * D * (model["C"] + D)) / (model["a0"] + model["a1"] * D)
-
-
 def crossover_explorer(model: Mapping[str, float], *, lengths=(64, 131072)):
     """Live explorer of the calibrated cost model: sliders for ``D`` and ``T``; the plot shows both
     predicted times against ``T`` for that ``D``, and the title reads off the two times at ``T``."""
@@ -196,7 +142,7 @@ def crossover_explorer(model: Mapping[str, float], *, lengths=(64, 131072)):
     Ts = np.geomspace(*lengths, 60)
     fig = go.FigureWidget()
     fig.add_scatter(x=Ts, y=Ts, mode="lines", name="softmax  T^2 (a0 + a1 D)", line=dict(color="#d62728"))
-    fig.add_scatter(x=Ts, y=Ts, mode="lines", name="linear  T (b0 + b1 D (C + D))", line=dict(color="#1f77b4"))
+    fig.add_scatter(x=Ts, y=Ts, mode="lines", name="linear  T (b0 + b1 D (L + D))", line=dict(color="#1f77b4"))
     fig.add_scatter(x=[1, 1], y=[1, 1], mode="markers", marker=dict(size=11, color=["#d62728", "#1f77b4"]),
                     showlegend=False)
     fig.update_xaxes(type="log", title_text="sequence length T")
@@ -208,8 +154,8 @@ def crossover_explorer(model: Mapping[str, float], *, lengths=(64, 131072)):
 
     def redraw(change=None):
         D, T = d_slider.value, t_slider.value
-        ys, yl = _model_times(model, Ts, D)
-        s, lin = (float(x[0]) for x in _model_times(model, [T], D))
+        ys, yl = model_times(model, Ts, D)
+        s, lin = (float(x[0]) for x in model_times(model, [T], D))
         with fig.batch_update():
             fig.data[0].y, fig.data[1].y = ys, yl
             fig.data[2].x, fig.data[2].y = [T, T], [s, lin]
@@ -222,5 +168,27 @@ def crossover_explorer(model: Mapping[str, float], *, lengths=(64, 131072)):
     return W.VBox([W.HBox([d_slider, t_slider]), fig])
 
 
-__all__ = ["state_buildup_figure", "crossover_figure", "cost_model", "model_crossover",
-           "crossover_explorer"]
+
+
+def linear_attention_weights(q, k, *, feature_map=None, feature_kwargs: dict | None = None,
+                             causal: bool = True, normalize: bool = True) -> np.ndarray:
+    """The ``[T, T]`` weights of (normalised) linear attention for one head, computed by the library:
+    :func:`attnlib.linear_attention` applied to ``v = I_T`` returns, in row ``t``, the weights query
+    ``t`` puts on each value, ``w_tj = phi(q_t) . phi(k_j) / (phi(q_t) . z_t)`` (``scale = 1``).
+
+    With a non-negative feature map these rows are a one-sided transport plan whose Gibbs kernel
+    ``phi(Q) phi(K)^T`` has rank at most ``D'`` (non-causal) and whose partition function is
+    ``phi(q_t) . z_t``; with the identity map (``feature_map=None``) the rows still sum to one but
+    can have negative entries, and are no plan.
+    """
+    from ..linear import linear_attention
+
+    q, k = _single_head("q", q), _single_head("k", k)
+    T = k.shape[0]
+    eye = torch.eye(T, dtype=torch.float64)[None, None]
+    W = linear_attention(q[None, None], k[None, None], eye, scale=1.0, causal=causal, normalize=normalize,
+                         feature_map=feature_map, feature_kwargs=feature_kwargs, mode="parallel")
+    return W[0, 0].numpy()
+
+
+__all__ = ["state_buildup_figure", "crossover_figure", "crossover_explorer", "linear_attention_weights"]

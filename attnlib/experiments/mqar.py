@@ -101,17 +101,17 @@ class Mixer(nn.Module):
         Bn, T, _ = x.shape
         q, k, v = (t.reshape(Bn, T, self.h, self.dh).transpose(1, 2) for t in self.qkv(x).chunk(3, -1))
         if self.kind == "softmax":
-            from .attention import softmax_attention
+            from ..attention import softmax_attention
             o = softmax_attention(q, k, v, causal=True)
         else:
             q, k = F.normalize(q, dim=-1), F.normalize(k, dim=-1)
             scale = 1.0
             if self.kind == "linear":
-                from .linear import linear_attention
+                from ..linear import linear_attention
                 o = linear_attention(q, k, v, scale=scale, causal=True, mode="chunk",
                                      chunk_size=self.chunk_size)
             else:
-                from .deltanet import delta_rule
+                from ..deltanet import delta_rule
                 beta = torch.sigmoid(self.beta(x)).transpose(1, 2)             # [B, H, T]
                 g = F.logsigmoid(self.gate(x)).transpose(1, 2) if self.kind == "gated_deltanet" else None
                 o = delta_rule(q, k, v, beta, g=g, scale=scale, mode="chunk", chunk_size=self.chunk_size)

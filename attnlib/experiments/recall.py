@@ -1,0 +1,70 @@
+"""Associative recall without training: write key--value pairs into one state, read them back.
+
+Chapter 3 runs it for linear attention (``S = sum_i v_i k_i^T``: crosstalk grows like ``(N - 1) / D``),
+chapter 4 for the delta rule too, with overwrites. One function for both, built on the library's own
+operators, so the experiment measures exactly what the chapters define.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ..deltanet import delta_rule
+from ..linear import linear_attention
+
+RULES = ("linear", "delta")
+
+
+def associative_recall(num_pairs: int, dim: int, *, rule: str = "linear", beta: float = 1.0,
+                       overwrites: int = 0, trials: int = 4, seed: int = 0) -> tuple[float, float]:
+    """Write ``num_pairs`` random unit (key, value) pairs into one ``[dim, dim]`` state, read them back.
+
+    A single pass, no training. If ``overwrites > 0``, the first ``overwrites`` keys are written again
+    with *new* random values, and ``S k_i`` should return the latest one. ``rule="linear"`` writes with
+    :func:`attnlib.linear_attention` (``S = sum_i v_i k_i^T``); ``rule="delta"`` with
+    :func:`attnlib.delta_rule` at learning rate ``beta``.
+
+    For ``rule="linear"`` reading key ``i`` gives ``S k_i = v_i + sum_{j != i} v_j (k_j . k_i)``: the
+    wanted value plus crosstalk whose expected squared norm is ``(num_pairs - 1) / dim`` (each
+    ``(k_j . k_i)^2`` averages ``1 / dim``).
+
+    Returns ``(accuracy, readout_error)`` averaged over ``trials``: accuracy is the fraction of reads
+    whose nearest written value (largest dot product, among all values ever written, old ones
+    included) is the latest value of that key; readout_error is the mean ``|S k_i - v_i|^2``.
+    """
+    if rule not in RULES:
+        raise ValueError(f"rule must be one of {RULES}; got {rule!r}")
+    if not isinstance(num_pairs, int) or num_pairs < 1:
+        raise ValueError(f"num_pairs must be a positive int; got {num_pairs!r}")
+    if not isinstance(dim, int) or dim < 1:
+        raise ValueError(f"dim must be a positive int; got {dim!r}")
+    if not 0 <= overwrites <= num_pairs:
+        raise ValueError(f"overwrites must be in [0, num_pairs={num_pairs}]; got {overwrites}")
+    if not isinstance(trials, int) or trials < 1:
+        raise ValueError(f"trials must be a positive int; got {trials!r}")
+    gen = torch.Generator().manual_seed(seed)
+    f64 = torch.float64
+    acc_sum = err_sum = 0.0
+    for _ in range(trials):
+        keys = F.normalize(torch.randn(num_pairs, dim, generator=gen, dtype=f64), dim=-1)
+        vals = F.normalize(torch.randn(num_pairs, dim, generator=gen, dtype=f64), dim=-1)
+        new = F.normalize(torch.randn(overwrites, dim, generator=gen, dtype=f64), dim=-1)
+        k_seq = torch.cat([keys, keys[:overwrites]])[None, None]
+        v_seq = torch.cat([vals, new])[None, None]
+        q_seq = torch.zeros_like(k_seq)                             # only the final state is read
+        if rule == "linear":
+            _, S = linear_attention(q_seq, k_seq, v_seq, mode="recurrent", output_final_state=True)
+        else:
+            b = torch.full(k_seq.shape[:3], beta, dtype=f64)
+            _, S = delta_rule(q_seq, k_seq, v_seq, b, mode="chunk", output_final_state=True)
+        latest = torch.cat([new, vals[overwrites:]])                 # what each key should return
+        read = keys @ S[0, 0].T                                     # row i: (S k_i)^T
+        candidates = torch.cat([latest, vals[:overwrites]])         # old values compete too
+        best = (read @ candidates.T).argmax(-1)
+        acc_sum += (best == torch.arange(num_pairs)).double().mean().item()
+        err_sum += (read - latest).square().sum(-1).mean().item()
+    return acc_sum / trials, err_sum / trials
+
+
+__all__ = ["associative_recall", "RULES"]
