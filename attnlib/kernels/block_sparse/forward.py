@@ -15,10 +15,10 @@ divide ``BS`` (``BS`` up to 1024 would not fit a GPU tile). The grid is ``(cdiv(
 one program owns ``BLOCK_M`` query rows of one (batch, head), all in query block ``I``, keeps its ``q``
 tile in registers and walks *only the visited key blocks of I* (``for t in range(counts[h, I])``,
 then one scalar load of the block index), each in ``BLOCK_N``-key tiles, folding every
-``[BLOCK_M, BLOCK_N]`` score tile into the online-softmax state ``(m_i, l_i, acc)`` with the very update
-the dense flash kernel uses (``attnlib/kernels/common/online_softmax.py``). Unvisited blocks are never
-loaded: the work is proportional to the number of visited blocks, not to ``T^2``. Tiles past ``Tk``,
-and when causal tiles wholly right of the program's last query, are skipped.
+``[BLOCK_M, BLOCK_N]`` score tile into the online-softmax state ``(m_i, l_i, acc)`` with the very loop
+the dense flash kernel runs (``attend_keys`` in ``attnlib/kernels/common/online_softmax.py``). Unvisited
+blocks are never loaded: the work is proportional to the number of visited blocks, not to ``T^2``.
+Tiles past ``Tk``, and when causal tiles wholly right of the program's last query, are skipped.
 
 Every tile is masked (ragged tail ``T % BLOCK_N``; the diagonal when causal) -- visited sets are
 usually small, so the two-stage unmasked/masked split of the dense kernel is not worth its code.
@@ -35,8 +35,8 @@ import triton
 import triton.language as tl
 
 from ..._backend import INTERPRET
-from ..common.online_softmax import LOG2E, attend_keys, head_block, store_o_lse
-from ..common.tiles import load_tile, split_bh
+from ..common.online_softmax import LOG2E, attend_keys, head_block, softmax_init, store_o_lse
+from ..common.tiles import load_tile, program_tile
 from ..flash.forward import check_launchable, precision_for
 
 
@@ -51,22 +51,14 @@ def _block_sparse_fwd_kernel(Q, K, V, O, LSE, COUNTS, INDICES,
                              BS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                              BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
                              CAUSAL: tl.constexpr, PRECISION: tl.constexpr):
-    pid_bh = tl.program_id(1)
-    b, h = split_bh(pid_bh, H)
-    start_m = tl.program_id(0) * BLOCK_M
+    pid_bh, b, h, start_m, offs_m, offs_n, offs_d, offs_dv = program_tile(H, BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DV)
     q_block = start_m // BS
-    offs_m = start_m + tl.arange(0, BLOCK_M)
-    offs_n = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, BLOCK_D)
-    offs_dv = tl.arange(0, BLOCK_DV)
 
     q = load_tile(Q + b * stride_qb + h * stride_qh, offs_m, offs_d, stride_qt, stride_qd, T_Q, D)
     K_base = K + b * stride_kb + h * stride_kh
     V_base = V + b * stride_vb + h * stride_vh
 
-    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
+    acc, l_i, m_i = softmax_init(BLOCK_M, BLOCK_DV)
 
     n_visit = tl.load(COUNTS + h * stride_ch + q_block * stride_cm)
     idx_base = INDICES + h * stride_ih + q_block * stride_im

@@ -8,13 +8,13 @@ Forward (one query tile ``[BLOCK_M]`` against one key tile ``[BLOCK_N]``): :func
 folds a tile of base-2 scores into the running ``(acc, l, m)`` -- the max, the sum of ``exp2(s - m)``
 and the ``exp2(s - m)``-weighted values -- rescaling the old sums by ``exp2(m_old - m_new)``.
 
-Loads: :func:`load_key_tile` and :func:`load_rows` build their pointer tiles from a scalar base on every
-call (never a live tile of 64-bit pointers across a loop: that spilled registers on sm_90);
-:func:`.tiles.load_tile` / :func:`.tiles.store_tile` read and write the tiles a program keeps (q; k, v; the
-outputs).
 :func:`attend_keys` is the forward's loop over a range of keys (load, score, mask, update), shared by the
-dense kernel's two stages and by every visited block of the block-sparse kernel; :func:`store_o_lse` its
-epilogue.
+dense kernel's two stages and by every visited block of the block-sparse kernel; :func:`softmax_init`
+and :func:`store_o_lse` (``o = acc / l``, ``lse``) open and close it.
+
+Loads: :func:`load_key_tile` and :func:`load_rows` build their pointer tiles from a scalar base on every
+call (never a live tile of 64-bit pointers across a loop: that spilled registers on sm_90). The tiles a
+program loads once and keeps go through ``tiles.load_tile`` / ``tiles.store_tile``.
 
 Backward (FlashAttention-2): with ``P`` recomputed from the LSE, ``dP = dO V^T`` and
 ``delta_i = rowsum(dO * O)_i - dlse_i`` (precomputed once per row),
@@ -25,9 +25,10 @@ Backward (FlashAttention-2): with ``P`` recomputed from the LSE, ``dP = dO V^T``
 (``[BLOCK_N, BLOCK_M]``: the key tile is the row side, so ``dv += pT @ dO`` needs no transpose of pT);
 :func:`dq_tile` does one (query tile, key tile) step of the dQ program; :func:`dkdv_over_queries` and
 :func:`dq_over_keys` loop them over a range of tiles (the dense and the block-sparse kernels differ only
-in which ranges they walk). Masked-out pairs get the score
-``-inf`` before the ``exp2``, hence ``P = 0``; rows outside the sequence or with an empty visited set --
-for which the wrappers pass ``lse = +inf`` -- get ``exp2(s - inf) = 0`` and contribute nothing.
+in which ranges they walk); :func:`dkdv_program_init` and :func:`dq_program_init` load what each program
+keeps. Masked-out pairs get the score ``-inf`` before the ``exp2``, hence ``P = 0``; rows outside the
+sequence or with an empty visited set -- for which the wrappers pass ``lse = +inf`` -- get
+``exp2(s - inf) = 0`` and contribute nothing.
 """
 
 from __future__ import annotations
@@ -95,6 +96,13 @@ def load_row_stats(lse_ptr, delta_ptr, offs_m, T_Q, MASK_T: tl.constexpr):
         lse2 = tl.load(lse_ptr + offs_m) * LOG2E
         delta = tl.load(delta_ptr + offs_m)
     return lse2, delta
+
+
+@triton.jit
+def softmax_init(BLOCK_M: tl.constexpr, BLOCK_DV: tl.constexpr):
+    """The empty running state ``(acc, l_i, m_i)``: no key seen, ``m = -inf``, ``l = 0``, ``acc = 0``."""
+    return (tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32), tl.zeros([BLOCK_M], dtype=tl.float32),
+            tl.full([BLOCK_M], float("-inf"), dtype=tl.float32))
 
 
 @triton.jit
@@ -186,6 +194,26 @@ def dq_tile(dq, q, do, lse2, delta, k, v, offs_m, offs_n, qk_scale,
 
 
 @triton.jit
+def dkdv_program_init(K_base, V_base, offs_n, offs_d, offs_dv, stride_kt, stride_kd, stride_vt, stride_vd, T_K, D, DV):
+    """What the dK/dV program keeps for its keys ``offs_n``: ``(k, v, dk, dv)``, the last two zeroed fp32
+    accumulators of k's and v's shapes."""
+    k = load_tile(K_base, offs_n, offs_d, stride_kt, stride_kd, T_K, D)
+    v = load_tile(V_base, offs_n, offs_dv, stride_vt, stride_vd, T_K, DV)
+    return k, v, tl.zeros(k.shape, dtype=tl.float32), tl.zeros(v.shape, dtype=tl.float32)
+
+
+@triton.jit
+def dq_program_init(Q_base, DO_base, lse_ptr, delta_ptr, offs_m, offs_d, offs_dv, stride_qt, stride_qd,
+                    stride_dot, stride_dod, T_Q, D, DV):
+    """What the dQ program keeps for its rows ``offs_m``: ``(q, dO, lse2, delta, dq)`` -- the tiles, their
+    base-2 LSE and delta, and the zeroed fp32 accumulator of q's shape."""
+    q = load_tile(Q_base, offs_m, offs_d, stride_qt, stride_qd, T_Q, D)
+    do = load_tile(DO_base, offs_m, offs_dv, stride_dot, stride_dod, T_Q, DV)
+    lse2, delta = load_row_stats(lse_ptr, delta_ptr, offs_m, T_Q, MASK_T=True)
+    return q, do, lse2, delta, tl.zeros(q.shape, dtype=tl.float32)
+
+
+@triton.jit
 def dkdv_over_queries(dk, dv, k, v, Q_base, DO_base, lse_ptr, delta_ptr, lo, hi, offs_n, offs_mb, offs_d,
                       offs_dv, stride_qt, stride_qd, stride_dot, stride_dod, T_Q, D, DV, qk_scale,
                       BLOCK_M: tl.constexpr, MASK_T: tl.constexpr, MASK_CAUSAL: tl.constexpr,
@@ -266,6 +294,6 @@ def backward_delta(o, do, dlse):
     return delta
 
 
-__all__ = ["LN2", "LOG2E", "attend_keys", "backward_delta", "dkdv_over_queries", "dkdv_tile", "dq_over_keys",
-           "dq_tile", "head_block", "load_key_tile", "load_row_stats", "load_rows", "online_softmax_update",
-           "softmax_bwd_preprocess_kernel", "store_o_lse"]
+__all__ = ["LN2", "LOG2E", "attend_keys", "backward_delta", "dkdv_over_queries", "dkdv_program_init", "dkdv_tile",
+           "dq_over_keys", "dq_program_init", "dq_tile", "head_block", "load_key_tile", "load_row_stats", "load_rows",
+           "online_softmax_update", "softmax_bwd_preprocess_kernel", "softmax_init", "store_o_lse"]

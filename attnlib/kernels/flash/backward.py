@@ -35,8 +35,9 @@ import triton
 import triton.language as tl
 
 from ..._backend import INTERPRET
-from ..common.online_softmax import LOG2E, backward_delta, dkdv_over_queries, dq_over_keys, head_block, load_row_stats
-from ..common.tiles import load_tile, split_bh, store_tile
+from ..common import online_softmax as softmax
+from ..common.online_softmax import dkdv_over_queries, dkdv_program_init, dq_over_keys, dq_program_init
+from ..common.tiles import program_tile, store_tile
 from .forward import SMEM_BUDGET, check_launchable, length_bucket, precision_for
 
 
@@ -52,23 +53,15 @@ def _flash_bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV_OUT,
                            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                            BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
                            CAUSAL: tl.constexpr, EVEN_D: tl.constexpr, PRECISION: tl.constexpr):
-    pid_bh = tl.program_id(1)
-    b, h = split_bh(pid_bh, H)
-    start_n = tl.program_id(0) * BLOCK_N
-    offs_n = start_n + tl.arange(0, BLOCK_N)
-    offs_mb = tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, BLOCK_D)
-    offs_dv = tl.arange(0, BLOCK_DV)
+    pid_bh, b, h, start_n, offs_n, offs_mb, offs_d, offs_dv = program_tile(H, BLOCK_N, BLOCK_M, BLOCK_D, BLOCK_DV)
 
-    k = load_tile(K + b * stride_kb + h * stride_kh, offs_n, offs_d, stride_kt, stride_kd, T_K, D)
-    v = load_tile(V + b * stride_vb + h * stride_vh, offs_n, offs_dv, stride_vt, stride_vd, T_K, DV)
+    k, v, dk, dv = dkdv_program_init(K + b * stride_kb + h * stride_kh, V + b * stride_vb + h * stride_vh, offs_n,
+                                     offs_d, offs_dv, stride_kt, stride_kd, stride_vt, stride_vd, T_K, D, DV)
     Q_base = Q + b * stride_qb + h * stride_qh
     DO_base = DO + b * stride_dob + h * stride_doh
     lse_ptr = LSE + pid_bh * T_Q                     # LSE and DELTA: contiguous [B, H, Tq] fp32
     delta_ptr = DELTA + pid_bh * T_Q
 
-    dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
-    dv = tl.zeros([BLOCK_N, BLOCK_DV], dtype=tl.float32)
     full_end = (T_Q // BLOCK_M) * BLOCK_M
     lo = 0
     if CAUSAL:
@@ -104,21 +97,13 @@ def _flash_bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ,
                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                          BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
                          CAUSAL: tl.constexpr, EVEN_D: tl.constexpr, PRECISION: tl.constexpr):
-    pid_bh = tl.program_id(1)
-    b, h = split_bh(pid_bh, H)
-    start_m = tl.program_id(0) * BLOCK_M
-    offs_m = start_m + tl.arange(0, BLOCK_M)
-    offs_nb = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, BLOCK_D)
-    offs_dv = tl.arange(0, BLOCK_DV)
+    pid_bh, b, h, start_m, offs_m, offs_nb, offs_d, offs_dv = program_tile(H, BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DV)
 
-    q = load_tile(Q + b * stride_qb + h * stride_qh, offs_m, offs_d, stride_qt, stride_qd, T_Q, D)
-    do = load_tile(DO + b * stride_dob + h * stride_doh, offs_m, offs_dv, stride_dot, stride_dod, T_Q, DV)
-    lse2, delta = load_row_stats(LSE + pid_bh * T_Q, DELTA + pid_bh * T_Q, offs_m, T_Q, MASK_T=True)
+    q, do, lse2, delta, dq = dq_program_init(Q + b * stride_qb + h * stride_qh, DO + b * stride_dob + h * stride_doh,
+                                             LSE + pid_bh * T_Q, DELTA + pid_bh * T_Q, offs_m, offs_d, offs_dv,
+                                             stride_qt, stride_qd, stride_dot, stride_dod, T_Q, D, DV)
     K_base = K + b * stride_kb + h * stride_kh
     V_base = V + b * stride_vb + h * stride_vh
-
-    dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     if CAUSAL:
         full_end = start_m                                  # key blocks wholly left of the diagonal
         masked_end = tl.minimum(start_m + BLOCK_M, T_K)
@@ -197,12 +182,12 @@ def flash_attention_backward(q, k, v, o, lse, do, dlse, *, scale: float, causal:
         dq, dk, _ = flash_attention_backward(q, k, zero.expand(B, H, T_K, 1), zero.expand(B, H, T_Q, 1), lse,
                                              zero.expand(B, H, T_Q, 1), dlse, scale=scale, causal=causal)
         return dq, dk, dv
-    delta = backward_delta(o, do, dlse)
+    delta = softmax.backward_delta(o, do, dlse)
     lse = lse.contiguous()
-    BLOCK_D, BLOCK_DV = head_block(D), head_block(DV)
+    BLOCK_D, BLOCK_DV = softmax.head_block(D), softmax.head_block(DV)
     common = dict(BLOCK_D=BLOCK_D, BLOCK_DV=BLOCK_DV, CAUSAL=causal, EVEN_D=(D == BLOCK_D and DV == BLOCK_DV),
                   PRECISION=precision_for(q.dtype))
-    sizes = (H, T_Q, T_K, D, DV, scale * LOG2E.value, scale, length_bucket(max(T_Q, T_K)))
+    sizes = (H, T_Q, T_K, D, DV, scale * softmax.LOG2E.value, scale, length_bucket(max(T_Q, T_K)))
     _dkdv[lambda meta: (triton.cdiv(T_K, meta["BLOCK_N"]), B * H)](
         q, k, v, do, lse, delta, dk, dv,
         *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk.stride(), *dv.stride(),

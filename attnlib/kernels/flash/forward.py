@@ -39,8 +39,8 @@ import triton
 import triton.language as tl
 
 from ..._backend import INTERPRET
-from ..common.online_softmax import LOG2E, attend_keys, head_block, store_o_lse
-from ..common.tiles import load_tile, split_bh
+from ..common.online_softmax import LOG2E, attend_keys, head_block, softmax_init, store_o_lse
+from ..common.tiles import load_tile, program_tile
 
 
 @triton.jit
@@ -53,22 +53,14 @@ def _flash_fwd_kernel(Q, K, V, O, LSE,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                       BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
                       CAUSAL: tl.constexpr, EVEN_D: tl.constexpr, PRECISION: tl.constexpr):
-    pid_bh = tl.program_id(1)
-    b, h = split_bh(pid_bh, H)
-    start_m = tl.program_id(0) * BLOCK_M
-    offs_m = start_m + tl.arange(0, BLOCK_M)
-    offs_n = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, BLOCK_D)
-    offs_dv = tl.arange(0, BLOCK_DV)
+    pid_bh, b, h, start_m, offs_m, offs_n, offs_d, offs_dv = program_tile(H, BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DV)
 
     q = load_tile(Q + b * stride_qb + h * stride_qh, offs_m, offs_d, stride_qt, stride_qd, T_Q, D)
     # k is read transposed, [BLOCK_D, BLOCK_N], so that s = q @ k needs no in-register transpose.
     K_base = K + b * stride_kb + h * stride_kh
     V_base = V + b * stride_vb + h * stride_vh
 
-    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
+    acc, l_i, m_i = softmax_init(BLOCK_M, BLOCK_DV)
 
     if CAUSAL:
         full_end = start_m                                  # tiles wholly left of the diagonal
