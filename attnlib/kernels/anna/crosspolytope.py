@@ -21,6 +21,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .rows import hash_launch, hash_rows, store_codes
+
 
 @triton.jit
 def _crosspolytope_codes_kernel(X, G, CODE,
@@ -29,17 +31,9 @@ def _crosspolytope_codes_kernel(X, G, CODE,
                                 stride_cb, stride_ch, stride_cl, stride_ct,
                                 H, T, D,
                                 Z: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr):
-    pid_t = tl.program_id(0)
-    table = tl.program_id(1)
-    pid_bh = tl.program_id(2)
-    b = pid_bh // H
-    h = pid_bh % H
-    offs_t = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
-    offs_d = tl.arange(0, BLOCK_D)
-    tmask, dmask = offs_t < T, offs_d < D
-
-    x = tl.load(X + b * stride_xb + h * stride_xh + offs_t[:, None] * stride_xt + offs_d[None, :] * stride_xd,
-                mask=tmask[:, None] & dmask[None, :], other=0.0).to(tl.float32)         # [BLOCK_T, BLOCK_D]
+    b, h, table, offs_t, offs_d, x = hash_rows(X, stride_xb, stride_xh, stride_xt, stride_xd, H, T, D,
+                                               BLOCK_T=BLOCK_T, BLOCK_D=BLOCK_D)        # x: [BLOCK_T, BLOCK_D]
+    dmask = offs_d < D
     code = tl.zeros([BLOCK_T], dtype=tl.int64)
     place = tl.zeros([BLOCK_T], dtype=tl.int64) + 1          # (2D)^c in int64: it passes 2^31 for large z
     for c in tl.static_range(Z):
@@ -54,20 +48,17 @@ def _crosspolytope_codes_kernel(X, G, CODE,
         digit = tl.where(tl.max(pos, axis=1) >= tl.max(neg, axis=1), i_pos, D + i_neg).to(tl.int64)
         code += digit * place
         place = place * 2 * D
-    tl.store(CODE + b * stride_cb + h * stride_ch + table * stride_cl + offs_t * stride_ct, code, mask=tmask)
+    store_codes(CODE, code, b, h, table, offs_t, stride_cb, stride_ch, stride_cl, stride_ct, T)
 
 
 def crosspolytope_codes(x: torch.Tensor, rotations: torch.Tensor) -> torch.Tensor:
     """Bucket keys of ``x [B, H, T, D]`` under ``rotations [l, z, D, D]``: int64 ``[B, H, l, T]``."""
-    B, H, T, D = x.shape
+    _, H, T, D = x.shape
     n_tables, Z = rotations.shape[:2]
-    g = rotations.to(device=x.device, dtype=torch.float32).contiguous()
-    code = torch.empty(B, H, n_tables, T, dtype=torch.int64, device=x.device)
+    code, BLOCK_T, BLOCK_D, grid = hash_launch(x, n_tables, gpu_block_t=32)
     if code.numel() == 0:
         return code
-    BLOCK_T = 16 if x.device.type != "cuda" else 32
-    BLOCK_D = max(16, triton.next_power_of_2(D))
-    grid = (triton.cdiv(T, BLOCK_T), n_tables, B * H)
+    g = rotations.to(device=x.device, dtype=torch.float32).contiguous()
     _crosspolytope_codes_kernel[grid](x, g, code, *x.stride(), *g.stride(), *code.stride(), H, T, D,
                                       Z=Z, BLOCK_T=BLOCK_T, BLOCK_D=BLOCK_D)
     return code

@@ -20,6 +20,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .rows import hash_launch, hash_rows, store_codes
+
 
 @triton.jit
 def _simhash_codes_kernel(X, A, CODE,
@@ -28,38 +30,27 @@ def _simhash_codes_kernel(X, A, CODE,
                           stride_cb, stride_ch, stride_cl, stride_ct,
                           H, T, D, Z,
                           BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_Z: tl.constexpr):
-    pid_t = tl.program_id(0)
-    table = tl.program_id(1)
-    pid_bh = tl.program_id(2)
-    b = pid_bh // H
-    h = pid_bh % H
-    offs_t = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
-    offs_d = tl.arange(0, BLOCK_D)
+    b, h, table, offs_t, offs_d, x = hash_rows(X, stride_xb, stride_xh, stride_xt, stride_xd, H, T, D,
+                                               BLOCK_T=BLOCK_T, BLOCK_D=BLOCK_D)        # x: [BLOCK_T, BLOCK_D]
     offs_z = tl.arange(0, BLOCK_Z)
-    tmask, dmask, zmask = offs_t < T, offs_d < D, offs_z < Z
-
-    x = tl.load(X + b * stride_xb + h * stride_xh + offs_t[:, None] * stride_xt + offs_d[None, :] * stride_xd,
-                mask=tmask[:, None] & dmask[None, :], other=0.0).to(tl.float32)         # [BLOCK_T, BLOCK_D]
+    zmask = offs_z < Z
     a = tl.load(A + table * stride_al + offs_d[:, None] * stride_ad + offs_z[None, :] * stride_az,
-                mask=dmask[:, None] & zmask[None, :], other=0.0)                       # [BLOCK_D, BLOCK_Z]
+                mask=(offs_d < D)[:, None] & zmask[None, :], other=0.0)                # [BLOCK_D, BLOCK_Z]
     p = tl.dot(x, a, input_precision="ieee")                                            # projections
     bits = ((p > 0) & zmask[None, :]).to(tl.int64)
     code = tl.sum(bits << offs_z[None, :].to(tl.int64), axis=1)                         # [BLOCK_T]
-    tl.store(CODE + b * stride_cb + h * stride_ch + table * stride_cl + offs_t * stride_ct, code, mask=tmask)
+    store_codes(CODE, code, b, h, table, offs_t, stride_cb, stride_ch, stride_cl, stride_ct, T)
 
 
 def simhash_codes(x: torch.Tensor, planes: torch.Tensor) -> torch.Tensor:
     """Bucket keys of ``x [B, H, T, D]`` under ``planes [l, D, z]``: int64 ``[B, H, l, T]``."""
-    B, H, T, D = x.shape
+    _, H, T, D = x.shape
     n_tables, _, Z = planes.shape
-    a = planes.to(device=x.device, dtype=torch.float32).contiguous()
-    code = torch.empty(B, H, n_tables, T, dtype=torch.int64, device=x.device)
+    code, BLOCK_T, BLOCK_D, grid = hash_launch(x, n_tables, gpu_block_t=64)
     if code.numel() == 0:
         return code
-    BLOCK_T = 16 if x.device.type != "cuda" else 64
-    BLOCK_D = max(16, triton.next_power_of_2(D))
+    a = planes.to(device=x.device, dtype=torch.float32).contiguous()
     BLOCK_Z = max(16, triton.next_power_of_2(Z))
-    grid = (triton.cdiv(T, BLOCK_T), n_tables, B * H)
     _simhash_codes_kernel[grid](x, a, code, *x.stride(), *a.stride(), *code.stride(), H, T, D, Z,
                                 BLOCK_T=BLOCK_T, BLOCK_D=BLOCK_D, BLOCK_Z=BLOCK_Z)
     return code

@@ -1,7 +1,7 @@
 """Block-sparse attention backward in Triton: the flash backward restricted to the visited blocks.
 
 The same three launches as the dense backward (``attnlib/kernels/flash/backward.py``), with the
-same tile updates (``attnlib/kernels/common/online_softmax.py``):
+same tile loops (``attnlib/kernels/common/online_softmax.py``: ``dkdv_over_queries``, ``dq_over_keys``):
 
 1. ``delta_i = rowsum(dO * O)_i - dlse_i`` over query blocks.
 2. dK, dV -- grid ``(cdiv(Tk, BLOCK_N), B * H)``: one program owns ``BLOCK_N`` keys (inside key block
@@ -26,7 +26,9 @@ import torch
 import triton
 import triton.language as tl
 
-from ..common.online_softmax import LOG2E, backward_delta, dkdv_tile, dq_tile, head_block, load_rows
+from ..common import online_softmax as softmax
+from ..common.online_softmax import dkdv_over_queries, dkdv_program_init, dq_over_keys, dq_program_init
+from ..common.tiles import program_tile, store_tile
 from ..flash.forward import check_launchable, precision_for
 from .forward import check_block_size, tile, visit_lists
 
@@ -44,28 +46,14 @@ def _block_sparse_bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV_OUT, COUNTS_T,
                                   BS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                                   BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
                                   CAUSAL: tl.constexpr, PRECISION: tl.constexpr):
-    pid_n = tl.program_id(0)
-    pid_bh = tl.program_id(1)
-    b = pid_bh // H
-    h = pid_bh % H
-    start_n = pid_n * BLOCK_N
+    pid_bh, b, h, start_n, offs_n, offs_mb, offs_d, offs_dv = program_tile(H, BLOCK_N, BLOCK_M, BLOCK_D, BLOCK_DV)
     k_block = start_n // BS
-    offs_n = start_n + tl.arange(0, BLOCK_N)
-    offs_mb = tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, BLOCK_D)
-    offs_dv = tl.arange(0, BLOCK_DV)
 
-    kmask = (offs_n[:, None] < T_K) & (offs_d[None, :] < D)
-    vmask = (offs_n[:, None] < T_K) & (offs_dv[None, :] < DV)
-    k = tl.load(K + b * stride_kb + h * stride_kh + offs_n[:, None] * stride_kt + offs_d[None, :] * stride_kd,
-                mask=kmask, other=0.0)
-    v = tl.load(V + b * stride_vb + h * stride_vh + offs_n[:, None] * stride_vt + offs_dv[None, :] * stride_vd,
-                mask=vmask, other=0.0)
+    k, v, dk, dv = dkdv_program_init(K + b * stride_kb + h * stride_kh, V + b * stride_vb + h * stride_vh, offs_n,
+                                     offs_d, offs_dv, stride_kt, stride_kd, stride_vt, stride_vd, T_K, D, DV)
     Q_base = Q + b * stride_qb + h * stride_qh
     DO_base = DO + b * stride_dob + h * stride_doh
 
-    dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
-    dv = tl.zeros([BLOCK_N, BLOCK_DV], dtype=tl.float32)
     n_visit = tl.load(COUNTS_T + h * stride_ch + k_block * stride_cn)
     idx_base = INDICES_T + h * stride_ih + k_block * stride_in
     for t in range(0, n_visit):
@@ -73,21 +61,13 @@ def _block_sparse_bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV_OUT, COUNTS_T,
         lo = block_start
         if CAUSAL:
             lo = tl.maximum(lo, (start_n // BLOCK_M) * BLOCK_M)     # rows before every key: nothing to add
-        for start_m in range(lo, tl.minimum(block_start + BS, T_Q), BLOCK_M):
-            offs_m = start_m + offs_mb
-            rows = offs_m < T_Q
-            q = load_rows(Q_base, start_m, offs_mb, offs_d, stride_qt, stride_qd, T_Q, D, MASK_T=True, EVEN_C=False)
-            do = load_rows(DO_base, start_m, offs_mb, offs_dv, stride_dot, stride_dod, T_Q, DV, MASK_T=True,
-                            EVEN_C=False)
-            lse2 = tl.load(LSE + pid_bh * T_Q + offs_m, mask=rows, other=float("inf")) * LOG2E
-            delta = tl.load(DELTA + pid_bh * T_Q + offs_m, mask=rows, other=0.0)
-            dk, dv = dkdv_tile(dk, dv, k, v, q, do, lse2, delta, offs_m, offs_n, qk_scale,
-                               MASK_CAUSAL=CAUSAL, PRECISION=PRECISION)
+        dk, dv = dkdv_over_queries(dk, dv, k, v, Q_base, DO_base, LSE + pid_bh * T_Q, DELTA + pid_bh * T_Q, lo,
+                                   tl.minimum(block_start + BS, T_Q), offs_n, offs_mb, offs_d, offs_dv, stride_qt,
+                                   stride_qd, stride_dot, stride_dod, T_Q, D, DV, qk_scale, BLOCK_M=BLOCK_M,
+                                   MASK_T=True, MASK_CAUSAL=CAUSAL, EVEN_D=False, PRECISION=PRECISION)
 
-    dk_ptrs = DK + b * stride_dkb + h * stride_dkh + offs_n[:, None] * stride_dkt + offs_d[None, :] * stride_dkd
-    dv_ptrs = DV_OUT + b * stride_dvb + h * stride_dvh + offs_n[:, None] * stride_dvt + offs_dv[None, :] * stride_dvd
-    tl.store(dk_ptrs, (dk * sm_scale).to(DK.dtype.element_ty), mask=kmask)
-    tl.store(dv_ptrs, dv.to(DV_OUT.dtype.element_ty), mask=vmask)
+    store_tile(DK + b * stride_dkb + h * stride_dkh, dk * sm_scale, offs_n, offs_d, stride_dkt, stride_dkd, T_K, D)
+    store_tile(DV_OUT + b * stride_dvb + h * stride_dvh, dv, offs_n, offs_dv, stride_dvt, stride_dvd, T_K, DV)
 
 
 @triton.jit
@@ -102,29 +82,14 @@ def _block_sparse_bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, COUNTS, INDICES,
                                 BS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                                 BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
                                 CAUSAL: tl.constexpr, PRECISION: tl.constexpr):
-    pid_m = tl.program_id(0)
-    pid_bh = tl.program_id(1)
-    b = pid_bh // H
-    h = pid_bh % H
-    start_m = pid_m * BLOCK_M
+    pid_bh, b, h, start_m, offs_m, offs_nb, offs_d, offs_dv = program_tile(H, BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DV)
     q_block = start_m // BS
-    offs_m = start_m + tl.arange(0, BLOCK_M)
-    offs_nb = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, BLOCK_D)
-    offs_dv = tl.arange(0, BLOCK_DV)
 
-    rows = offs_m < T_Q
-    qmask = rows[:, None] & (offs_d[None, :] < D)
-    q = tl.load(Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qt + offs_d[None, :] * stride_qd,
-                mask=qmask, other=0.0)
-    do = tl.load(DO + b * stride_dob + h * stride_doh + offs_m[:, None] * stride_dot + offs_dv[None, :] * stride_dod,
-                 mask=rows[:, None] & (offs_dv[None, :] < DV), other=0.0)
-    lse2 = tl.load(LSE + pid_bh * T_Q + offs_m, mask=rows, other=float("inf")) * LOG2E
-    delta = tl.load(DELTA + pid_bh * T_Q + offs_m, mask=rows, other=0.0)
+    q, do, lse2, delta, dq = dq_program_init(Q + b * stride_qb + h * stride_qh, DO + b * stride_dob + h * stride_doh,
+                                             LSE + pid_bh * T_Q, DELTA + pid_bh * T_Q, offs_m, offs_d, offs_dv,
+                                             stride_qt, stride_qd, stride_dot, stride_dod, T_Q, D, DV)
     K_base = K + b * stride_kb + h * stride_kh
     V_base = V + b * stride_vb + h * stride_vh
-
-    dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     n_visit = tl.load(COUNTS + h * stride_ch + q_block * stride_cm)
     idx_base = INDICES + h * stride_ih + q_block * stride_im
     for t in range(0, n_visit):
@@ -132,15 +97,11 @@ def _block_sparse_bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, COUNTS, INDICES,
         hi = tl.minimum(block_start + BS, T_K)
         if CAUSAL:
             hi = tl.minimum(hi, start_m + BLOCK_M)                  # keys after every row: nothing to add
-        for start_n in range(block_start, hi, BLOCK_N):
-            k = load_rows(K_base, start_n, offs_nb, offs_d, stride_kt, stride_kd, T_K, D, MASK_T=True, EVEN_C=False)
-            v = load_rows(V_base, start_n, offs_nb, offs_dv, stride_vt, stride_vd, T_K, DV, MASK_T=True,
-                           EVEN_C=False)
-            dq = dq_tile(dq, q, do, lse2, delta, k, v, offs_m, start_n + offs_nb, qk_scale,
-                         MASK_CAUSAL=CAUSAL, PRECISION=PRECISION)
+        dq = dq_over_keys(dq, q, do, lse2, delta, K_base, V_base, block_start, hi, offs_m, offs_nb, offs_d,
+                          offs_dv, stride_kt, stride_kd, stride_vt, stride_vd, T_K, D, DV, qk_scale,
+                          BLOCK_N=BLOCK_N, MASK_T=True, MASK_CAUSAL=CAUSAL, EVEN_D=False, PRECISION=PRECISION)
 
-    dq_ptrs = DQ + b * stride_dqb + h * stride_dqh + offs_m[:, None] * stride_dqt + offs_d[None, :] * stride_dqd
-    tl.store(dq_ptrs, (dq * sm_scale).to(DQ.dtype.element_ty), mask=qmask)
+    store_tile(DQ + b * stride_dqb + h * stride_dqh, dq * sm_scale, offs_m, offs_d, stride_dqt, stride_dqd, T_Q, D)
 
 
 def block_sparse_attention_backward(q, k, v, o, lse, do, dlse, block_mask, *, block_size: int, scale: float,
@@ -166,15 +127,15 @@ def block_sparse_attention_backward(q, k, v, o, lse, do, dlse, block_mask, *, bl
     if dlse is not None:
         # Rows with no visited key depend on no score: whatever the loss on their lse (-inf), no gradient.
         dlse = torch.where(torch.isneginf(lse), torch.zeros_like(dlse), dlse)
-    delta = backward_delta(o, do, dlse)
+    delta = softmax.backward_delta(o, do, dlse)
     # P = exp(s - lse) must be 0 on rows that visit nothing: +inf there instead of -inf (no NaN).
     lse = torch.where(torch.isneginf(lse), torch.full_like(lse, float("inf")), lse).contiguous()
     counts, indices = visit_lists(block_mask)
     counts_t, indices_t = visit_lists(block_mask.transpose(-1, -2))
     width = max(D, DV)
-    meta = dict(BS=block_size, BLOCK_D=head_block(D), BLOCK_DV=head_block(DV), CAUSAL=causal,
+    meta = dict(BS=block_size, BLOCK_D=softmax.head_block(D), BLOCK_DV=softmax.head_block(DV), CAUSAL=causal,
                 PRECISION=precision_for(q.dtype), num_stages=2)
-    sizes = (H, T_Q, T_K, D, DV, scale * LOG2E.value, scale)
+    sizes = (H, T_Q, T_K, D, DV, scale * softmax.LOG2E.value, scale)
     # dK/dV: wide resident key tiles, narrow streamed query tiles; dQ: the mirror image (as in flash).
     bm, bn = tile(block_size, 32, width), tile(block_size, 64, width)
     _block_sparse_bwd_dkdv_kernel[(triton.cdiv(T_K, bn), B * H)](

@@ -15,10 +15,10 @@ divide ``BS`` (``BS`` up to 1024 would not fit a GPU tile). The grid is ``(cdiv(
 one program owns ``BLOCK_M`` query rows of one (batch, head), all in query block ``I``, keeps its ``q``
 tile in registers and walks *only the visited key blocks of I* (``for t in range(counts[h, I])``,
 then one scalar load of the block index), each in ``BLOCK_N``-key tiles, folding every
-``[BLOCK_M, BLOCK_N]`` score tile into the online-softmax state ``(m_i, l_i, acc)`` with the very update
-the dense flash kernel uses (``attnlib/kernels/common/online_softmax.py``). Unvisited blocks are never
-loaded: the work is proportional to the number of visited blocks, not to ``T^2``. Tiles past ``Tk``,
-and when causal tiles wholly right of the program's last query, are skipped.
+``[BLOCK_M, BLOCK_N]`` score tile into the online-softmax state ``(m_i, l_i, acc)`` with the very loop
+the dense flash kernel runs (``attend_keys`` in ``attnlib/kernels/common/online_softmax.py``). Unvisited
+blocks are never loaded: the work is proportional to the number of visited blocks, not to ``T^2``.
+Tiles past ``Tk``, and when causal tiles wholly right of the program's last query, are skipped.
 
 Every tile is masked (ragged tail ``T % BLOCK_N``; the diagonal when causal) -- visited sets are
 usually small, so the two-stage unmasked/masked split of the dense kernel is not worth its code.
@@ -35,7 +35,8 @@ import triton
 import triton.language as tl
 
 from ..._backend import INTERPRET
-from ..common.online_softmax import LN2, LOG2E, head_block, load_key_tile, online_softmax_update
+from ..common.online_softmax import LOG2E, attend_keys, head_block, softmax_init, store_o_lse
+from ..common.tiles import load_tile, program_tile
 from ..flash.forward import check_launchable, precision_for
 
 
@@ -50,25 +51,14 @@ def _block_sparse_fwd_kernel(Q, K, V, O, LSE, COUNTS, INDICES,
                              BS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                              BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
                              CAUSAL: tl.constexpr, PRECISION: tl.constexpr):
-    pid_m = tl.program_id(0)
-    pid_bh = tl.program_id(1)
-    b = pid_bh // H
-    h = pid_bh % H
-    start_m = pid_m * BLOCK_M
+    pid_bh, b, h, start_m, offs_m, offs_n, offs_d, offs_dv = program_tile(H, BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DV)
     q_block = start_m // BS
-    offs_m = start_m + tl.arange(0, BLOCK_M)
-    offs_n = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, BLOCK_D)
-    offs_dv = tl.arange(0, BLOCK_DV)
 
-    q_ptrs = Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qt + offs_d[None, :] * stride_qd
-    q = tl.load(q_ptrs, mask=(offs_m[:, None] < T_Q) & (offs_d[None, :] < D), other=0.0)
+    q = load_tile(Q + b * stride_qb + h * stride_qh, offs_m, offs_d, stride_qt, stride_qd, T_Q, D)
     K_base = K + b * stride_kb + h * stride_kh
     V_base = V + b * stride_vb + h * stride_vh
 
-    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
+    acc, l_i, m_i = softmax_init(BLOCK_M, BLOCK_DV)
 
     n_visit = tl.load(COUNTS + h * stride_ch + q_block * stride_cm)
     idx_base = INDICES + h * stride_ih + q_block * stride_im
@@ -77,25 +67,12 @@ def _block_sparse_fwd_kernel(Q, K, V, O, LSE, COUNTS, INDICES,
         hi = tl.minimum(block_start + BS, T_K)
         if CAUSAL:
             hi = tl.minimum(hi, start_m + BLOCK_M)                  # keys after every row: nothing to add
-        for start_n in range(block_start, hi, BLOCK_N):
-            k, v = load_key_tile(K_base, V_base, start_n, offs_n, offs_d, offs_dv, stride_kt, stride_kd,
-                                  stride_vt, stride_vd, T_K, D, DV, MASK_T=True, EVEN_D=False)
-            offs_kn = start_n + offs_n
-            s = tl.dot(q, k, input_precision=PRECISION) * qk_scale            # base-2 logits
-            valid = offs_kn[None, :] < T_K
-            if CAUSAL:
-                valid = valid & (offs_kn[None, :] <= offs_m[:, None])
-            s = tl.where(valid, s, float("-inf"))
-            acc, l_i, m_i = online_softmax_update(acc, l_i, m_i, s, v, MAY_BE_EMPTY=True, PRECISION=PRECISION)
-
-    empty = l_i == 0.0
-    l_safe = tl.where(empty, 1.0, l_i)
-    o = acc / l_safe[:, None]                                  # empty rows: acc = 0, so o = 0
-    lse = tl.where(empty, float("-inf"), (m_i + tl.log2(l_safe)) * LN2)
-
-    o_ptrs = O + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_ot + offs_dv[None, :] * stride_od
-    tl.store(o_ptrs, o.to(O.dtype.element_ty), mask=(offs_m[:, None] < T_Q) & (offs_dv[None, :] < DV))
-    tl.store(LSE + pid_bh * T_Q + offs_m, lse, mask=offs_m < T_Q)      # LSE: contiguous [B, H, Tq]
+        acc, l_i, m_i = attend_keys(acc, l_i, m_i, q, K_base, V_base, block_start, hi, offs_m, offs_n, offs_d,
+                                    offs_dv, stride_kt, stride_kd, stride_vt, stride_vd, T_K, D, DV, qk_scale,
+                                    BLOCK_N=BLOCK_N, MASK_T=True, CAUSAL=CAUSAL, EVEN_D=False, PRECISION=PRECISION)
+    # Empty rows: acc = 0, so o = 0, and lse = -inf. LSE: contiguous [B, H, Tq].
+    store_o_lse(O + b * stride_ob + h * stride_oh, LSE + pid_bh * T_Q, acc, l_i, m_i, offs_m, offs_dv,
+                stride_ot, stride_od, T_Q, DV)
 
 
 def visit_lists(block_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

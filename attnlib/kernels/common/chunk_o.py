@@ -34,6 +34,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .chunk_tiles import chunk_gates, chunk_rows, decay_to_end, gate_ratio, load_chunk, store_chunk
 from .launch import dim_block, num_chunks, precisions, stages, value_block, warps
 
 
@@ -43,63 +44,51 @@ def _fwd_o_kernel(Q, K, V, Hs, G, O,
                   T, D, DV, scale,
                   CHUNK: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr,
                   FINAL: tl.constexpr, GATED: tl.constexpr, PIN: tl.constexpr, P32: tl.constexpr):
-    pid_v = tl.program_id(0)
     c = tl.program_id(1)
     bh = tl.program_id(2).to(tl.int64)
-    offs_c = tl.arange(0, CHUNK)
-    offs_d = tl.arange(0, BLOCK_D)
-    offs_v = pid_v * BLOCK_V + tl.arange(0, BLOCK_V)
-    t = c * CHUNK + offs_c
-    tmask = t < T
-    dmask = offs_d < D
+    offs_c, offs_d, t, tmask, kd = chunk_rows(c, T, D, CHUNK, BLOCK_D)
+    offs_v = tl.program_id(0) * BLOCK_V + tl.arange(0, BLOCK_V)
     vmask = offs_v < DV
-    kd = tmask[:, None] & dmask[None, :]
     kv = tmask[:, None] & vmask[None, :]
-    q = tl.load(Q + (bh * T + t[:, None]) * D + offs_d[None, :], mask=kd, other=0.0)
+    q = load_chunk(Q, bh, T, t, offs_d, D, kd)
     h = tl.load(Hs + bh * stride_hbh + c * stride_hc + offs_d[:, None] * stride_hd + offs_v[None, :] * stride_hv,
-                mask=dmask[:, None] & vmask[None, :], other=0.0).to(tl.float32)
+                mask=(offs_d < D)[:, None] & vmask[None, :], other=0.0).to(tl.float32)
     o = tl.dot(q.to(tl.float32), h, input_precision=P32)                        # Q h_c, [CHUNK, BLOCK_V]
     if not FINAL:
-        k = tl.load(K + (bh * T + t[:, None]) * D + offs_d[None, :], mask=kd, other=0.0)
+        k = load_chunk(K, bh, T, t, offs_d, D, kd)
         s = tl.dot(q, tl.trans(k), input_precision=PIN)                          # fp32 scores
         mask = (offs_c[:, None] >= offs_c[None, :]) & tmask[:, None]              # rows past T: no exp(+big)
         if GATED:
             g = tl.load(G + bh * T + t, mask=tmask, other=0.0)
             o = o * tl.exp(g)[:, None]
-            s = s * tl.exp(tl.where(mask, g[:, None] - g[None, :], float("-inf")))
+            s = s * gate_ratio(g[:, None], g[None, :], mask)
         else:
             s = tl.where(mask, s, 0.0)
-        v = tl.load(V + (bh * T + t[:, None]) * DV + offs_v[None, :], mask=kv, other=0.0).to(tl.float32)
+        v = load_chunk(V, bh, T, t, offs_v, DV, kv).to(tl.float32)
         o += tl.dot(s, v, input_precision=P32)                                  # the score tile stays fp32
-    tl.store(O + (bh * T + t[:, None]) * DV + offs_v[None, :], (o * scale).to(O.dtype.element_ty), mask=kv)
+    store_chunk(O, (o * scale).to(O.dtype.element_ty), bh, T, t, offs_v, DV, kv)
 
 
 @triton.jit
 def _bwd_dv_local_kernel(Q, K, G, DO, DV_OUT, T, D, DV, scale,
                          CHUNK: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr,
                          GATED: tl.constexpr, PIN: tl.constexpr, P32: tl.constexpr):
-    pid_v = tl.program_id(0)
     c = tl.program_id(1)
     bh = tl.program_id(2).to(tl.int64)
-    offs_c = tl.arange(0, CHUNK)
-    offs_d = tl.arange(0, BLOCK_D)
-    offs_v = pid_v * BLOCK_V + tl.arange(0, BLOCK_V)
-    t = c * CHUNK + offs_c
-    tmask = t < T
-    kd = tmask[:, None] & (offs_d < D)[None, :]
+    offs_c, offs_d, t, tmask, kd = chunk_rows(c, T, D, CHUNK, BLOCK_D)
+    offs_v = tl.program_id(0) * BLOCK_V + tl.arange(0, BLOCK_V)
     kv = tmask[:, None] & (offs_v < DV)[None, :]
-    q = tl.load(Q + (bh * T + t[:, None]) * D + offs_d[None, :], mask=kd, other=0.0)
-    k = tl.load(K + (bh * T + t[:, None]) * D + offs_d[None, :], mask=kd, other=0.0)
+    q = load_chunk(Q, bh, T, t, offs_d, D, kd)
+    k = load_chunk(K, bh, T, t, offs_d, D, kd)
     st = tl.dot(k, tl.trans(q), input_precision=PIN)                             # P^T: rows j, columns i
     mask = (offs_c[:, None] <= offs_c[None, :]) & tmask[None, :]                 # j <= i < T
     if GATED:
         g = tl.load(G + bh * T + t, mask=tmask, other=0.0)
-        st = st * tl.exp(tl.where(mask, g[None, :] - g[:, None], float("-inf")))
+        st = st * gate_ratio(g[None, :], g[:, None], mask)
     else:
         st = tl.where(mask, st, 0.0)
-    do = tl.load(DO + (bh * T + t[:, None]) * DV + offs_v[None, :], mask=kv, other=0.0).to(tl.float32)
-    dv = tl.dot(st, do, input_precision=P32) * scale
-    tl.store(DV_OUT + (bh * T + t[:, None]) * DV + offs_v[None, :], dv, mask=kv)
+    do = load_chunk(DO, bh, T, t, offs_v, DV, kv).to(tl.float32)
+    store_chunk(DV_OUT, tl.dot(st, do, input_precision=P32) * scale, bh, T, t, offs_v, DV, kv)
 
 
 @triton.jit
@@ -109,14 +98,10 @@ def _bwd_dqk_kernel(Q, K, V, Hs, DHs, DVNEW, G, DO, DQ, DK, DW, DG,
                     DELTA: tl.constexpr, GATED: tl.constexpr, NEED_DK: tl.constexpr, P32: tl.constexpr):
     c = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
-    offs_c = tl.arange(0, CHUNK)
-    offs_d = tl.arange(0, BLOCK_D)
-    t = c * CHUNK + offs_c
-    tmask = t < T
+    offs_c, offs_d, t, tmask, kd = chunk_rows(c, T, D, CHUNK, BLOCK_D)
     dmask = offs_d < D
-    kd = tmask[:, None] & dmask[None, :]
-    q = tl.load(Q + (bh * T + t[:, None]) * D + offs_d[None, :], mask=kd, other=0.0).to(tl.float32)
-    k = tl.load(K + (bh * T + t[:, None]) * D + offs_d[None, :], mask=kd, other=0.0).to(tl.float32)
+    q = load_chunk(Q, bh, T, t, offs_d, D, kd).to(tl.float32)
+    k = load_chunk(K, bh, T, t, offs_d, D, kd).to(tl.float32)
     dq = tl.zeros([CHUNK, BLOCK_D], dtype=tl.float32)
     dk = tl.zeros([CHUNK, BLOCK_D], dtype=tl.float32)
     dw = tl.zeros([CHUNK, BLOCK_D], dtype=tl.float32)
@@ -128,8 +113,8 @@ def _bwd_dqk_kernel(Q, K, V, Hs, DHs, DVNEW, G, DO, DQ, DK, DW, DG,
         vmask = offs_v < DV
         kv = tmask[:, None] & vmask[None, :]
         hm = dmask[:, None] & vmask[None, :]
-        v = tl.load(V + (bh * T + t[:, None]) * DV + offs_v[None, :], mask=kv, other=0.0).to(tl.float32)
-        do = tl.load(DO + (bh * T + t[:, None]) * DV + offs_v[None, :], mask=kv, other=0.0).to(tl.float32)
+        v = load_chunk(V, bh, T, t, offs_v, DV, kv).to(tl.float32)
+        do = load_chunk(DO, bh, T, t, offs_v, DV, kv).to(tl.float32)
         h = tl.load(Hs + h_base + offs_d[:, None] * DV + offs_v[None, :], mask=hm, other=0.0)
         dp += tl.dot(do, tl.trans(v), input_precision=P32)
         dq += tl.dot(do, tl.trans(h), input_precision=P32)
@@ -137,22 +122,20 @@ def _bwd_dqk_kernel(Q, K, V, Hs, DHs, DVNEW, G, DO, DQ, DK, DW, DG,
             dh = tl.load(DHs + h_base + offs_d[:, None] * DV + offs_v[None, :], mask=hm, other=0.0)
             dk += tl.dot(v, tl.trans(dh), input_precision=P32)
             if DELTA:
-                dvn = tl.load(DVNEW + (bh * T + t[:, None]) * DV + offs_v[None, :], mask=kv, other=0.0)
+                dvn = load_chunk(DVNEW, bh, T, t, offs_v, DV, kv)
                 dw -= tl.dot(dvn, tl.trans(h), input_precision=P32)
             if GATED:
                 hdh += tl.sum(h * dh, axis=1)
     mask = (offs_c[:, None] >= offs_c[None, :]) & tmask[:, None]
     dq = dq * scale
     if GATED:
+        g, g_last = chunk_gates(G, bh, T, c, t, tmask, CHUNK)
         last = tl.minimum(c * CHUNK + CHUNK, T) - 1
-        g_last = tl.load(G + bh * T + last)
-        g = tl.load(G + bh * T + t, mask=tmask, other=0.0)
         dq = dq * tl.exp(g)[:, None]
-        gam = tl.exp(tl.where(mask, g[:, None] - g[None, :], float("-inf")))
-        ds = dp * gam * scale                                                   # dP . scale Gamma . M
+        ds = dp * gate_ratio(g[:, None], g[None, :], mask) * scale               # dP . scale Gamma . M
         dg = tl.sum(dq * q, axis=1)
         if NEED_DK:
-            dk = dk * tl.where(tmask, tl.exp(g_last - g), 0.0)[:, None]
+            dk = dk * decay_to_end(g, g_last, tmask)[:, None]
             dk_k = tl.sum(dk * k, axis=1)
             r = ds * tl.dot(q, tl.trans(k), input_precision=P32)                # dP . P
             dg += tl.sum(r, axis=1) - tl.sum(r, axis=0) - dk_k
@@ -161,12 +144,12 @@ def _bwd_dqk_kernel(Q, K, V, Hs, DHs, DVNEW, G, DO, DQ, DK, DW, DG,
     else:
         ds = tl.where(mask, dp * scale, 0.0)
     dq += tl.dot(ds, k, input_precision=P32)
-    tl.store(DQ + (bh * T + t[:, None]) * D + offs_d[None, :], dq, mask=kd)
+    store_chunk(DQ, dq, bh, T, t, offs_d, D, kd)
     if NEED_DK:
         dk += tl.dot(tl.trans(ds), q, input_precision=P32)
-        tl.store(DK + (bh * T + t[:, None]) * D + offs_d[None, :], dk, mask=kd)
+        store_chunk(DK, dk, bh, T, t, offs_d, D, kd)
         if DELTA:
-            tl.store(DW + (bh * T + t[:, None]) * D + offs_d[None, :], dw, mask=kd)
+            store_chunk(DW, dw, bh, T, t, offs_d, D, kd)
 
 
 def _grid_v(DV, D, T, chunk, BH, dev, block_v=None):

@@ -36,6 +36,16 @@ import torch
 import triton
 import triton.language as tl
 
+from .chunk_tiles import (
+    chunk_gates,
+    chunk_rows,
+    decay_to_end,
+    initial_state,
+    load_chunk,
+    state_offsets,
+    store_chunk,
+    store_chunk_state,
+)
 from .launch import dim_block, num_chunks, precisions, stages, value_block, warps
 
 
@@ -45,41 +55,27 @@ def _fwd_h_kernel(K, V, W, G, H0, Hs, VNEW, HT,
                   CHUNK: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr,
                   DELTA: tl.constexpr, GATED: tl.constexpr, USE_H0: tl.constexpr,
                   STORE_H: tl.constexpr, STORE_HT: tl.constexpr, P32: tl.constexpr):
-    pid_v = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
-    offs_c = tl.arange(0, CHUNK)
-    offs_d = tl.arange(0, BLOCK_D)
-    offs_v = pid_v * BLOCK_V + tl.arange(0, BLOCK_V)
-    dmask = offs_d < D
-    vmask = offs_v < DV
-    hmask = dmask[:, None] & vmask[None, :]
     # States in memory are S = h^T, [B, H, Dv, D]; per-chunk states Hs are h, [B, H, NT, D, Dv].
-    s_offs = bh * DV * D + offs_v[None, :] * D + offs_d[:, None]
-    h = tl.zeros([BLOCK_D, BLOCK_V], dtype=tl.float32)
-    if USE_H0:
-        h += tl.load(H0 + s_offs, mask=hmask, other=0.0)
+    offs_d, offs_v, hmask, s_offs = state_offsets(tl.program_id(0), bh, D, DV, BLOCK_D, BLOCK_V)
+    h = initial_state(H0, s_offs, hmask, BLOCK_D, BLOCK_V, USE=USE_H0)
     for c in range(0, NT):
         if STORE_H:
-            tl.store(Hs + ((bh * NT + c) * D + offs_d[:, None]) * DV + offs_v[None, :], h, mask=hmask)
-        t = c * CHUNK + offs_c
-        tmask = t < T
-        kd = tmask[:, None] & dmask[None, :]
-        kv = tmask[:, None] & vmask[None, :]
-        k = tl.load(K + (bh * T + t[:, None]) * D + offs_d[None, :], mask=kd, other=0.0).to(tl.float32)
+            store_chunk_state(Hs, h, bh, NT, c, offs_d, offs_v, D, DV, hmask)
+        _, _, t, tmask, kd = chunk_rows(c, T, D, CHUNK, BLOCK_D)
+        kv = tmask[:, None] & (offs_v < DV)[None, :]
+        k = load_chunk(K, bh, T, t, offs_d, D, kd).to(tl.float32)
         if DELTA:
-            w = tl.load(W + (bh * T + t[:, None]) * D + offs_d[None, :], mask=kd, other=0.0).to(tl.float32)
-            u = tl.load(V + (bh * T + t[:, None]) * DV + offs_v[None, :], mask=kv, other=0.0).to(tl.float32)
-            v = u - tl.dot(w, h, input_precision=P32)                           # v_new = U - W h
-            v = v.to(VNEW.dtype.element_ty)
-            tl.store(VNEW + (bh * T + t[:, None]) * DV + offs_v[None, :], v, mask=kv)
+            w = load_chunk(W, bh, T, t, offs_d, D, kd).to(tl.float32)
+            u = load_chunk(V, bh, T, t, offs_v, DV, kv).to(tl.float32)
+            v = (u - tl.dot(w, h, input_precision=P32)).to(VNEW.dtype.element_ty)   # v_new = U - W h
+            store_chunk(VNEW, v, bh, T, t, offs_v, DV, kv)
             v = v.to(tl.float32)
         else:
-            v = tl.load(V + (bh * T + t[:, None]) * DV + offs_v[None, :], mask=kv, other=0.0).to(tl.float32)
+            v = load_chunk(V, bh, T, t, offs_v, DV, kv).to(tl.float32)
         if GATED:
-            last = tl.minimum(c * CHUNK + CHUNK, T) - 1
-            g_last = tl.load(G + bh * T + last)
-            g = tl.load(G + bh * T + t, mask=tmask, other=0.0)
-            k = k * tl.where(tmask, tl.exp(g_last - g), 0.0)[:, None]
+            g, g_last = chunk_gates(G, bh, T, c, t, tmask, CHUNK)
+            k = k * decay_to_end(g, g_last, tmask)[:, None]
             h = h * tl.exp(g_last)
         h += tl.dot(tl.trans(k), v, input_precision=P32) * scale               # h += (K . e)^T v_new
     if STORE_HT:
@@ -92,42 +88,29 @@ def _bwd_dh_kernel(Q, K, W, G, DO, DVL, DHT, DHs, DVNEW, DH0,
                    CHUNK: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr,
                    DELTA: tl.constexpr, GATED: tl.constexpr, USE_DHT: tl.constexpr,
                    STORE_DH0: tl.constexpr, P32: tl.constexpr):
-    pid_v = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
-    offs_c = tl.arange(0, CHUNK)
-    offs_d = tl.arange(0, BLOCK_D)
-    offs_v = pid_v * BLOCK_V + tl.arange(0, BLOCK_V)
-    dmask = offs_d < D
-    vmask = offs_v < DV
-    hmask = dmask[:, None] & vmask[None, :]
-    s_offs = bh * DV * D + offs_v[None, :] * D + offs_d[:, None]
-    dh = tl.zeros([BLOCK_D, BLOCK_V], dtype=tl.float32)
-    if USE_DHT:
-        dh += tl.load(DHT + s_offs, mask=hmask, other=0.0)
+    offs_d, offs_v, hmask, s_offs = state_offsets(tl.program_id(0), bh, D, DV, BLOCK_D, BLOCK_V)
+    dh = initial_state(DHT, s_offs, hmask, BLOCK_D, BLOCK_V, USE=USE_DHT)
     for i in range(0, NT):
         c = NT - 1 - i
-        tl.store(DHs + ((bh * NT + c) * D + offs_d[:, None]) * DV + offs_v[None, :], dh, mask=hmask)
-        t = c * CHUNK + offs_c
-        tmask = t < T
-        kd = tmask[:, None] & dmask[None, :]
-        kv = tmask[:, None] & vmask[None, :]
-        q = tl.load(Q + (bh * T + t[:, None]) * D + offs_d[None, :], mask=kd, other=0.0).to(tl.float32)
-        k = tl.load(K + (bh * T + t[:, None]) * D + offs_d[None, :], mask=kd, other=0.0).to(tl.float32)
-        do = tl.load(DO + (bh * T + t[:, None]) * DV + offs_v[None, :], mask=kv, other=0.0).to(tl.float32)
-        dv = tl.load(DVL + (bh * T + t[:, None]) * DV + offs_v[None, :], mask=kv, other=0.0)
+        store_chunk_state(DHs, dh, bh, NT, c, offs_d, offs_v, D, DV, hmask)
+        _, _, t, tmask, kd = chunk_rows(c, T, D, CHUNK, BLOCK_D)
+        kv = tmask[:, None] & (offs_v < DV)[None, :]
+        q = load_chunk(Q, bh, T, t, offs_d, D, kd).to(tl.float32)
+        k = load_chunk(K, bh, T, t, offs_d, D, kd).to(tl.float32)
+        do = load_chunk(DO, bh, T, t, offs_v, DV, kv).to(tl.float32)
+        dv = load_chunk(DVL, bh, T, t, offs_v, DV, kv)
         if GATED:
-            last = tl.minimum(c * CHUNK + CHUNK, T) - 1
-            g_last = tl.load(G + bh * T + last)
-            g = tl.load(G + bh * T + t, mask=tmask, other=0.0)
-            k = k * tl.where(tmask, tl.exp(g_last - g), 0.0)[:, None]
+            g, g_last = chunk_gates(G, bh, T, c, t, tmask, CHUNK)
+            k = k * decay_to_end(g, g_last, tmask)[:, None]
             q = q * tl.where(tmask, tl.exp(g), 0.0)[:, None]
         dv += tl.dot(k, dh, input_precision=P32)                                # dv_new = dv_local + (K.e) dh
-        tl.store(DVNEW + (bh * T + t[:, None]) * DV + offs_v[None, :], dv, mask=kv)
+        store_chunk(DVNEW, dv, bh, T, t, offs_v, DV, kv)
         if GATED:
             dh = dh * tl.exp(g_last)
         dh += tl.dot(tl.trans(q), do, input_precision=P32) * scale               # + scale (Q.gamma)^T dO
         if DELTA:
-            w = tl.load(W + (bh * T + t[:, None]) * D + offs_d[None, :], mask=kd, other=0.0).to(tl.float32)
+            w = load_chunk(W, bh, T, t, offs_d, D, kd).to(tl.float32)
             dh -= tl.dot(tl.trans(w), dv, input_precision=P32)                  # - W^T dv_new
     if STORE_DH0:
         tl.store(DH0 + s_offs, dh, mask=hmask)

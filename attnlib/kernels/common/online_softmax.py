@@ -8,8 +8,13 @@ Forward (one query tile ``[BLOCK_M]`` against one key tile ``[BLOCK_N]``): :func
 folds a tile of base-2 scores into the running ``(acc, l, m)`` -- the max, the sum of ``exp2(s - m)``
 and the ``exp2(s - m)``-weighted values -- rescaling the old sums by ``exp2(m_old - m_new)``.
 
+:func:`attend_keys` is the forward's loop over a range of keys (load, score, mask, update), shared by the
+dense kernel's two stages and by every visited block of the block-sparse kernel; :func:`softmax_init`
+and :func:`store_o_lse` (``o = acc / l``, ``lse``) open and close it.
+
 Loads: :func:`load_key_tile` and :func:`load_rows` build their pointer tiles from a scalar base on every
-call (never a live tile of 64-bit pointers across a loop: that spilled registers on sm_90).
+call (never a live tile of 64-bit pointers across a loop: that spilled registers on sm_90). The tiles a
+program loads once and keeps go through ``tiles.load_tile`` / ``tiles.store_tile``.
 
 Backward (FlashAttention-2): with ``P`` recomputed from the LSE, ``dP = dO V^T`` and
 ``delta_i = rowsum(dO * O)_i - dlse_i`` (precomputed once per row),
@@ -18,9 +23,12 @@ Backward (FlashAttention-2): with ``P`` recomputed from the LSE, ``dP = dO V^T``
 
 :func:`dkdv_tile` does one (key tile, query tile) step of the dK/dV program, in the transposed layout
 (``[BLOCK_N, BLOCK_M]``: the key tile is the row side, so ``dv += pT @ dO`` needs no transpose of pT);
-:func:`dq_tile` does one (query tile, key tile) step of the dQ program. Masked-out pairs get the score
-``-inf`` before the ``exp2``, hence ``P = 0``; rows outside the sequence or with an empty visited set --
-for which the wrappers pass ``lse = +inf`` -- get ``exp2(s - inf) = 0`` and contribute nothing.
+:func:`dq_tile` does one (query tile, key tile) step of the dQ program; :func:`dkdv_over_queries` and
+:func:`dq_over_keys` loop them over a range of tiles (the dense and the block-sparse kernels differ only
+in which ranges they walk); :func:`dkdv_program_init` and :func:`dq_program_init` load what each program
+keeps. Masked-out pairs get the score ``-inf`` before the ``exp2``, hence ``P = 0``; rows outside the
+sequence or with an empty visited set -- for which the wrappers pass ``lse = +inf`` -- get
+``exp2(s - inf) = 0`` and contribute nothing.
 """
 
 from __future__ import annotations
@@ -28,6 +36,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
+from .tiles import load_tile, split_bh, store_tile
 
 # constexpr, so that compiled kernels may read them (a plain global float is refused by Triton's
 # compiler, though the interpreter accepts it); the host reads ``LOG2E.value``.
@@ -76,6 +86,26 @@ def load_rows(base, start, offs_t, offs_c, stride_t, stride_c, T, C, MASK_T: tl.
 
 
 @triton.jit
+def load_row_stats(lse_ptr, delta_ptr, offs_m, T_Q, MASK_T: tl.constexpr):
+    """The backward's per-row ``lse * LOG2E`` (base 2) and ``delta`` for rows ``offs_m``; rows past ``T_Q``
+    get ``lse = +inf`` (hence ``P = 0``) and ``delta = 0``."""
+    if MASK_T:
+        lse2 = tl.load(lse_ptr + offs_m, mask=offs_m < T_Q, other=float("inf")) * LOG2E
+        delta = tl.load(delta_ptr + offs_m, mask=offs_m < T_Q, other=0.0)
+    else:
+        lse2 = tl.load(lse_ptr + offs_m) * LOG2E
+        delta = tl.load(delta_ptr + offs_m)
+    return lse2, delta
+
+
+@triton.jit
+def softmax_init(BLOCK_M: tl.constexpr, BLOCK_DV: tl.constexpr):
+    """The empty running state ``(acc, l_i, m_i)``: no key seen, ``m = -inf``, ``l = 0``, ``acc = 0``."""
+    return (tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32), tl.zeros([BLOCK_M], dtype=tl.float32),
+            tl.full([BLOCK_M], float("-inf"), dtype=tl.float32))
+
+
+@triton.jit
 def online_softmax_update(acc, l_i, m_i, s, v, MAY_BE_EMPTY: tl.constexpr, PRECISION: tl.constexpr):
     """Fold base-2 scores ``s [BLOCK_M, BLOCK_N]`` (masked entries already ``-inf``) and values
     ``v [BLOCK_N, BLOCK_DV]`` into the running ``acc [BLOCK_M, BLOCK_DV]``, ``l_i``, ``m_i [BLOCK_M]``.
@@ -94,6 +124,40 @@ def online_softmax_update(acc, l_i, m_i, s, v, MAY_BE_EMPTY: tl.constexpr, PRECI
     l_i = l_i * alpha + tl.sum(p, 1)
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
     return acc, l_i, m_new
+
+
+@triton.jit
+def attend_keys(acc, l_i, m_i, q, K_base, V_base, lo, hi, offs_m, offs_n, offs_d, offs_dv,
+                stride_kt, stride_kd, stride_vt, stride_vd, T_K, D, DV, qk_scale,
+                BLOCK_N: tl.constexpr, MASK_T: tl.constexpr, CAUSAL: tl.constexpr, EVEN_D: tl.constexpr,
+                PRECISION: tl.constexpr):
+    """Fold the keys ``[lo, hi)``, in ``BLOCK_N`` tiles, into the running ``(acc, l_i, m_i)`` of the query
+    tile ``q [BLOCK_M, BLOCK_D]`` (rows ``offs_m``). ``MASK_T``: bounds-check the keys against ``T_K``
+    and, with ``CAUSAL``, mask the keys after each row (scores ``-inf``); without it the loop has no
+    ``where`` and no empty-row guard (every row sees every key of these tiles)."""
+    for start_n in range(lo, hi, BLOCK_N):
+        k, v = load_key_tile(K_base, V_base, start_n, offs_n, offs_d, offs_dv, stride_kt, stride_kd, stride_vt,
+                             stride_vd, T_K, D, DV, MASK_T=MASK_T, EVEN_D=EVEN_D)
+        s = tl.dot(q, k, input_precision=PRECISION) * qk_scale                # base-2 logits
+        if MASK_T:
+            offs_kn = start_n + offs_n
+            valid = offs_kn[None, :] < T_K
+            if CAUSAL:
+                valid = valid & (offs_kn[None, :] <= offs_m[:, None])
+            s = tl.where(valid, s, float("-inf"))
+        acc, l_i, m_i = online_softmax_update(acc, l_i, m_i, s, v, MAY_BE_EMPTY=MASK_T, PRECISION=PRECISION)
+    return acc, l_i, m_i
+
+
+@triton.jit
+def store_o_lse(O_base, lse_ptr, acc, l_i, m_i, offs_m, offs_dv, stride_ot, stride_od, T_Q, DV):
+    """Write ``o = acc / l`` and the natural-log ``lse = (m + log2 l) ln 2`` of rows ``offs_m``. A row that
+    saw no key (``l = 0``, ``m = -inf``) gets ``o = 0`` (its ``acc`` is 0) and ``lse = -inf``, never NaN."""
+    empty = l_i == 0.0
+    l_safe = tl.where(empty, 1.0, l_i)
+    lse = tl.where(empty, float("-inf"), (m_i + tl.log2(l_safe)) * LN2)
+    store_tile(O_base, acc / l_safe[:, None], offs_m, offs_dv, stride_ot, stride_od, T_Q, DV)
+    tl.store(lse_ptr + offs_m, lse, mask=offs_m < T_Q)
 
 
 @triton.jit
@@ -130,6 +194,60 @@ def dq_tile(dq, q, do, lse2, delta, k, v, offs_m, offs_n, qk_scale,
 
 
 @triton.jit
+def dkdv_program_init(K_base, V_base, offs_n, offs_d, offs_dv, stride_kt, stride_kd, stride_vt, stride_vd, T_K, D, DV):
+    """What the dK/dV program keeps for its keys ``offs_n``: ``(k, v, dk, dv)``, the last two zeroed fp32
+    accumulators of k's and v's shapes."""
+    k = load_tile(K_base, offs_n, offs_d, stride_kt, stride_kd, T_K, D)
+    v = load_tile(V_base, offs_n, offs_dv, stride_vt, stride_vd, T_K, DV)
+    return k, v, tl.zeros(k.shape, dtype=tl.float32), tl.zeros(v.shape, dtype=tl.float32)
+
+
+@triton.jit
+def dq_program_init(Q_base, DO_base, lse_ptr, delta_ptr, offs_m, offs_d, offs_dv, stride_qt, stride_qd,
+                    stride_dot, stride_dod, T_Q, D, DV):
+    """What the dQ program keeps for its rows ``offs_m``: ``(q, dO, lse2, delta, dq)`` -- the tiles, their
+    base-2 LSE and delta, and the zeroed fp32 accumulator of q's shape."""
+    q = load_tile(Q_base, offs_m, offs_d, stride_qt, stride_qd, T_Q, D)
+    do = load_tile(DO_base, offs_m, offs_dv, stride_dot, stride_dod, T_Q, DV)
+    lse2, delta = load_row_stats(lse_ptr, delta_ptr, offs_m, T_Q, MASK_T=True)
+    return q, do, lse2, delta, tl.zeros(q.shape, dtype=tl.float32)
+
+
+@triton.jit
+def dkdv_over_queries(dk, dv, k, v, Q_base, DO_base, lse_ptr, delta_ptr, lo, hi, offs_n, offs_mb, offs_d,
+                      offs_dv, stride_qt, stride_qd, stride_dot, stride_dod, T_Q, D, DV, qk_scale,
+                      BLOCK_M: tl.constexpr, MASK_T: tl.constexpr, MASK_CAUSAL: tl.constexpr,
+                      EVEN_D: tl.constexpr, PRECISION: tl.constexpr):
+    """:func:`dkdv_tile` over the query tiles ``[lo, hi)`` (``BLOCK_M`` rows each), loading ``q``, ``dO``
+    and the row statistics of each; ``MASK_T`` bounds-checks the rows against ``T_Q``."""
+    for start_m in range(lo, hi, BLOCK_M):
+        offs_m = start_m + offs_mb
+        q = load_rows(Q_base, start_m, offs_mb, offs_d, stride_qt, stride_qd, T_Q, D, MASK_T=MASK_T, EVEN_C=EVEN_D)
+        do = load_rows(DO_base, start_m, offs_mb, offs_dv, stride_dot, stride_dod, T_Q, DV, MASK_T=MASK_T,
+                       EVEN_C=EVEN_D)
+        lse2, delta = load_row_stats(lse_ptr, delta_ptr, offs_m, T_Q, MASK_T=MASK_T)
+        dk, dv = dkdv_tile(dk, dv, k, v, q, do, lse2, delta, offs_m, offs_n, qk_scale,
+                           MASK_CAUSAL=MASK_CAUSAL, PRECISION=PRECISION)
+    return dk, dv
+
+
+@triton.jit
+def dq_over_keys(dq, q, do, lse2, delta, K_base, V_base, lo, hi, offs_m, offs_nb, offs_d, offs_dv,
+                 stride_kt, stride_kd, stride_vt, stride_vd, T_K, D, DV, qk_scale,
+                 BLOCK_N: tl.constexpr, MASK_T: tl.constexpr, MASK_CAUSAL: tl.constexpr,
+                 EVEN_D: tl.constexpr, PRECISION: tl.constexpr):
+    """:func:`dq_tile` over the key tiles ``[lo, hi)`` (``BLOCK_N`` keys each)."""
+    for start_n in range(lo, hi, BLOCK_N):
+        k = load_rows(K_base, start_n, offs_nb, offs_d, stride_kt, stride_kd, T_K, D, MASK_T=MASK_T, EVEN_C=EVEN_D)
+        v = load_rows(V_base, start_n, offs_nb, offs_dv, stride_vt, stride_vd, T_K, DV, MASK_T=MASK_T,
+                      EVEN_C=EVEN_D)
+        # Keys past T_K load as zero rows of k: whatever their P, they add dS * 0 to dq.
+        dq = dq_tile(dq, q, do, lse2, delta, k, v, offs_m, start_n + offs_nb, qk_scale,
+                     MASK_CAUSAL=MASK_CAUSAL, PRECISION=PRECISION)
+    return dq
+
+
+@triton.jit
 def softmax_bwd_preprocess_kernel(O, DO, DLSE, DELTA,
                                   stride_ob, stride_oh, stride_ot, stride_od,
                                   stride_db, stride_dh, stride_dt, stride_dd,
@@ -138,17 +256,12 @@ def softmax_bwd_preprocess_kernel(O, DO, DLSE, DELTA,
     """``delta[b, h, i] = sum_d dO[i, d] * O[i, d] - dlse[i]`` for ``BLOCK_M`` rows of one (batch, head).
 
     Grid ``(cdiv(Tq, BLOCK_M), B * H)``. ``DELTA`` and ``DLSE`` are contiguous ``[B, H, Tq]`` fp32."""
-    pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
-    b = pid_bh // H
-    h = pid_bh % H
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    b, h = split_bh(pid_bh, H)
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_dv = tl.arange(0, BLOCK_DV)
-    mask = (offs_m[:, None] < T_Q) & (offs_dv[None, :] < DV)
-    o = tl.load(O + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_ot + offs_dv[None, :] * stride_od,
-                mask=mask, other=0.0).to(tl.float32)
-    do = tl.load(DO + b * stride_db + h * stride_dh + offs_m[:, None] * stride_dt + offs_dv[None, :] * stride_dd,
-                 mask=mask, other=0.0).to(tl.float32)
+    o = load_tile(O + b * stride_ob + h * stride_oh, offs_m, offs_dv, stride_ot, stride_od, T_Q, DV).to(tl.float32)
+    do = load_tile(DO + b * stride_db + h * stride_dh, offs_m, offs_dv, stride_dt, stride_dd, T_Q, DV).to(tl.float32)
     row = pid_bh * T_Q + offs_m
     dlse = tl.load(DLSE + row, mask=offs_m < T_Q, other=0.0)
     tl.store(DELTA + row, tl.sum(o * do, 1) - dlse, mask=offs_m < T_Q)
@@ -157,8 +270,6 @@ def softmax_bwd_preprocess_kernel(O, DO, DLSE, DELTA,
 def head_block(d: int) -> int:
     """The padded tile width of a head dim: a power of two, at least 16 (``tl.dot``'s minimum)."""
     return max(16, triton.next_power_of_2(d))
-
-
 
 
 def backward_delta(o, do, dlse):
@@ -183,6 +294,6 @@ def backward_delta(o, do, dlse):
     return delta
 
 
-__all__ = ["LN2", "LOG2E", "backward_delta", "dkdv_tile", "dq_tile", "head_block", "load_key_tile", "load_rows",
-           "online_softmax_update",
-           "softmax_bwd_preprocess_kernel"]
+__all__ = ["LN2", "LOG2E", "attend_keys", "backward_delta", "dkdv_over_queries", "dkdv_program_init", "dkdv_tile",
+           "dq_over_keys", "dq_program_init", "dq_tile", "head_block", "load_key_tile", "load_row_stats", "load_rows",
+           "online_softmax_update", "softmax_bwd_preprocess_kernel", "softmax_init", "store_o_lse"]

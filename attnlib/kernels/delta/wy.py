@@ -33,75 +33,67 @@ import torch
 import triton
 import triton.language as tl
 
+from ..common.chunk_tiles import chunk_rows, gate_ratio, load_chunk, store_chunk
 from ..common.launch import dim_block, num_chunks, precisions, stages, value_block, warps
 
 
 @triton.jit
 def _kkt_kernel(K, BETA, G, A, T, D,
                 CHUNK: tl.constexpr, BLOCK_D: tl.constexpr, GATED: tl.constexpr, PIN: tl.constexpr):
-    c = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
-    offs_c = tl.arange(0, CHUNK)
-    offs_d = tl.arange(0, BLOCK_D)
-    t = c * CHUNK + offs_c
-    tmask = t < T
-    k = tl.load(K + (bh * T + t[:, None]) * D + offs_d[None, :], mask=tmask[:, None] & (offs_d < D)[None, :],
-                other=0.0)
+    offs_c, offs_d, t, tmask, kd = chunk_rows(tl.program_id(0), T, D, CHUNK, BLOCK_D)
+    k = load_chunk(K, bh, T, t, offs_d, D, kd)
     beta = tl.load(BETA + bh * T + t, mask=tmask, other=0.0).to(tl.float32)
     a = tl.dot(k, tl.trans(k), input_precision=PIN)                           # K K^T, fp32
     strict = (offs_c[:, None] > offs_c[None, :]) & tmask[:, None]
     if GATED:
         g = tl.load(G + bh * T + t, mask=tmask, other=0.0)
-        a = a * tl.exp(tl.where(strict, g[:, None] - g[None, :], float("-inf")))
+        a = a * gate_ratio(g[:, None], g[None, :], strict)
     a = tl.where(strict, a * beta[:, None], 0.0)
-    tl.store(A + (bh * T + t[:, None]) * CHUNK + offs_c[None, :], a, mask=tmask[:, None])
+    store_chunk(A, a, bh, T, t, offs_c, CHUNK, tmask[:, None])
+
+
+@triton.jit
+def _chunk_ai_beta_k(Ai, BETA, K, bh, T, D, t, tmask, offs_c, offs_d, kd, CHUNK: tl.constexpr):
+    """A chunk's ``(I + A)^{-1}`` tile ``[CHUNK, CHUNK]``, its ``beta [CHUNK]`` and ``K [CHUNK, BLOCK_D]``,
+    float32 (0 past ``T``): what the W/U recomputation and the WY backward both start from."""
+    ai = load_chunk(Ai, bh, T, t, offs_c, CHUNK, tmask[:, None])
+    beta = tl.load(BETA + bh * T + t, mask=tmask, other=0.0).to(tl.float32)
+    k = load_chunk(K, bh, T, t, offs_d, D, kd).to(tl.float32)
+    return ai, beta, k
 
 
 @triton.jit
 def _w_u_kernel(K, V, BETA, G, Ai, W, U, T, D, DV,
                 CHUNK: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr,
                 GATED: tl.constexpr, P32: tl.constexpr):
-    c = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
-    offs_c = tl.arange(0, CHUNK)
-    offs_d = tl.arange(0, BLOCK_D)
-    t = c * CHUNK + offs_c
-    tmask = t < T
-    kd = tmask[:, None] & (offs_d < D)[None, :]
-    ai = tl.load(Ai + (bh * T + t[:, None]) * CHUNK + offs_c[None, :], mask=tmask[:, None], other=0.0)
-    beta = tl.load(BETA + bh * T + t, mask=tmask, other=0.0).to(tl.float32)
-    k = tl.load(K + (bh * T + t[:, None]) * D + offs_d[None, :], mask=kd, other=0.0).to(tl.float32)
+    offs_c, offs_d, t, tmask, kd = chunk_rows(tl.program_id(0), T, D, CHUNK, BLOCK_D)
+    ai, beta, k = _chunk_ai_beta_k(Ai, BETA, K, bh, T, D, t, tmask, offs_c, offs_d, kd, CHUNK)
     kb = k * beta[:, None]
     if GATED:
         g = tl.load(G + bh * T + t, mask=tmask, other=0.0)
         kb = kb * tl.exp(g)[:, None]
     w = tl.dot(ai, kb, input_precision=P32)
-    tl.store(W + (bh * T + t[:, None]) * D + offs_d[None, :], w.to(W.dtype.element_ty), mask=kd)
+    store_chunk(W, w.to(W.dtype.element_ty), bh, T, t, offs_d, D, kd)
     for v0 in range(0, DV, BLOCK_V):
         offs_v = v0 + tl.arange(0, BLOCK_V)
         kv = tmask[:, None] & (offs_v < DV)[None, :]
-        v = tl.load(V + (bh * T + t[:, None]) * DV + offs_v[None, :], mask=kv, other=0.0).to(tl.float32)
+        v = load_chunk(V, bh, T, t, offs_v, DV, kv).to(tl.float32)
         u = tl.dot(ai, v * beta[:, None], input_precision=P32)
-        tl.store(U + (bh * T + t[:, None]) * DV + offs_v[None, :], u.to(U.dtype.element_ty), mask=kv)
+        store_chunk(U, u.to(U.dtype.element_ty), bh, T, t, offs_v, DV, kv)
 
 
 @triton.jit
 def _wy_bwd_kernel(K, V, BETA, G, Ai, DW, DU, DK, DV_OUT, DBETA, DG, T, D, DV,
                    CHUNK: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr,
                    GATED: tl.constexpr, P32: tl.constexpr):
-    c = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
-    offs_c = tl.arange(0, CHUNK)
-    offs_d = tl.arange(0, BLOCK_D)
-    t = c * CHUNK + offs_c
-    tmask = t < T
-    kd = tmask[:, None] & (offs_d < D)[None, :]
+    offs_c, offs_d, t, tmask, kd = chunk_rows(tl.program_id(0), T, D, CHUNK, BLOCK_D)
     strict = (offs_c[:, None] > offs_c[None, :]) & tmask[:, None]
-    ai = tl.load(Ai + (bh * T + t[:, None]) * CHUNK + offs_c[None, :], mask=tmask[:, None], other=0.0)
+    ai, beta, k = _chunk_ai_beta_k(Ai, BETA, K, bh, T, D, t, tmask, offs_c, offs_d, kd, CHUNK)
     ait = tl.trans(ai)
-    beta = tl.load(BETA + bh * T + t, mask=tmask, other=0.0).to(tl.float32)
-    k = tl.load(K + (bh * T + t[:, None]) * D + offs_d[None, :], mask=kd, other=0.0).to(tl.float32)
-    dw = tl.load(DW + (bh * T + t[:, None]) * D + offs_d[None, :], mask=kd, other=0.0)
+    dw = load_chunk(DW, bh, T, t, offs_d, D, kd)
     kg = k
     if GATED:
         g = tl.load(G + bh * T + t, mask=tmask, other=0.0)
@@ -117,24 +109,24 @@ def _wy_bwd_kernel(K, V, BETA, G, Ai, DW, DU, DK, DV_OUT, DBETA, DG, T, D, DV,
     for v0 in range(0, DV, BLOCK_V):
         offs_v = v0 + tl.arange(0, BLOCK_V)
         kv = tmask[:, None] & (offs_v < DV)[None, :]
-        v = tl.load(V + (bh * T + t[:, None]) * DV + offs_v[None, :], mask=kv, other=0.0).to(tl.float32)
-        du = tl.load(DU + (bh * T + t[:, None]) * DV + offs_v[None, :], mask=kv, other=0.0)
+        v = load_chunk(V, bh, T, t, offs_v, DV, kv).to(tl.float32)
+        du = load_chunk(DU, bh, T, t, offs_v, DV, kv)
         dai += tl.dot(du, tl.trans(v * beta[:, None]), input_precision=P32)    # + dU (beta V)^T
         tu = tl.dot(ait, du, input_precision=P32)                               # Ai^T dU
-        tl.store(DV_OUT + (bh * T + t[:, None]) * DV + offs_v[None, :], tu * beta[:, None], mask=kv)
+        store_chunk(DV_OUT, tu * beta[:, None], bh, T, t, offs_v, DV, kv)
         dbeta += tl.sum(tu * v, axis=1)
     da = -tl.dot(ait, tl.dot(dai, ait, input_precision=P32), input_precision=P32)
     da = tl.where(strict, da, 0.0)
     kk = tl.dot(k, tl.trans(k), input_precision=P32)
     if GATED:
-        da_g = da * tl.exp(tl.where(strict, g[:, None] - g[None, :], float("-inf")))   # dA . Gamma
+        da_g = da * gate_ratio(g[:, None], g[None, :], strict)                  # dA . Gamma
     else:
         da_g = da
     dbeta += tl.sum(da_g * kk, axis=1)
     m = da_g * beta[:, None]
     dk += tl.dot(m, k, input_precision=P32) + tl.dot(tl.trans(m), k, input_precision=P32)
-    dk += tl.load(DK + (bh * T + t[:, None]) * D + offs_d[None, :], mask=kd, other=0.0)
-    tl.store(DK + (bh * T + t[:, None]) * D + offs_d[None, :], dk, mask=kd)
+    dk += load_chunk(DK, bh, T, t, offs_d, D, kd)
+    store_chunk(DK, dk, bh, T, t, offs_d, D, kd)
     tl.store(DBETA + bh * T + t, dbeta, mask=tmask)
     if GATED:
         r = m * kk                                                                # dA . A

@@ -35,29 +35,10 @@ import triton
 import triton.language as tl
 
 from ..._backend import INTERPRET
-from ..common.online_softmax import LOG2E, backward_delta, dkdv_tile, dq_tile, head_block, load_rows
+from ..common import online_softmax as softmax
+from ..common.online_softmax import dkdv_over_queries, dkdv_program_init, dq_over_keys, dq_program_init
+from ..common.tiles import program_tile, store_tile
 from .forward import SMEM_BUDGET, check_launchable, length_bucket, precision_for
-
-
-@triton.jit
-def _dkdv_over_queries(dk, dv, k, v, Q_base, DO_base, lse_ptr, delta_ptr, lo, hi, offs_n, offs_mb, offs_d,
-                       offs_dv, stride_qt, stride_qd, stride_dot, stride_dod, T_Q, D, DV, qk_scale,
-                       BLOCK_M: tl.constexpr, MASK_T: tl.constexpr, MASK_CAUSAL: tl.constexpr,
-                       EVEN_D: tl.constexpr, PRECISION: tl.constexpr):
-    for start_m in range(lo, hi, BLOCK_M):
-        offs_m = start_m + offs_mb
-        q = load_rows(Q_base, start_m, offs_mb, offs_d, stride_qt, stride_qd, T_Q, D, MASK_T=MASK_T, EVEN_C=EVEN_D)
-        do = load_rows(DO_base, start_m, offs_mb, offs_dv, stride_dot, stride_dod, T_Q, DV, MASK_T=MASK_T,
-                        EVEN_C=EVEN_D)
-        if MASK_T:
-            lse2 = tl.load(lse_ptr + offs_m, mask=offs_m < T_Q, other=float("inf")) * LOG2E
-            delta = tl.load(delta_ptr + offs_m, mask=offs_m < T_Q, other=0.0)
-        else:
-            lse2 = tl.load(lse_ptr + offs_m) * LOG2E
-            delta = tl.load(delta_ptr + offs_m)
-        dk, dv = dkdv_tile(dk, dv, k, v, q, do, lse2, delta, offs_m, offs_n, qk_scale,
-                           MASK_CAUSAL=MASK_CAUSAL, PRECISION=PRECISION)
-    return dk, dv
 
 
 @triton.jit
@@ -72,68 +53,37 @@ def _flash_bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV_OUT,
                            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                            BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
                            CAUSAL: tl.constexpr, EVEN_D: tl.constexpr, PRECISION: tl.constexpr):
-    pid_n = tl.program_id(0)
-    pid_bh = tl.program_id(1)
-    b = pid_bh // H
-    h = pid_bh % H
-    start_n = pid_n * BLOCK_N
-    offs_n = start_n + tl.arange(0, BLOCK_N)
-    offs_mb = tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, BLOCK_D)
-    offs_dv = tl.arange(0, BLOCK_DV)
+    pid_bh, b, h, start_n, offs_n, offs_mb, offs_d, offs_dv = program_tile(H, BLOCK_N, BLOCK_M, BLOCK_D, BLOCK_DV)
 
-    kmask = (offs_n[:, None] < T_K) & (offs_d[None, :] < D)
-    vmask = (offs_n[:, None] < T_K) & (offs_dv[None, :] < DV)
-    k = tl.load(K + b * stride_kb + h * stride_kh + offs_n[:, None] * stride_kt + offs_d[None, :] * stride_kd,
-                mask=kmask, other=0.0)
-    v = tl.load(V + b * stride_vb + h * stride_vh + offs_n[:, None] * stride_vt + offs_dv[None, :] * stride_vd,
-                mask=vmask, other=0.0)
+    k, v, dk, dv = dkdv_program_init(K + b * stride_kb + h * stride_kh, V + b * stride_vb + h * stride_vh, offs_n,
+                                     offs_d, offs_dv, stride_kt, stride_kd, stride_vt, stride_vd, T_K, D, DV)
     Q_base = Q + b * stride_qb + h * stride_qh
     DO_base = DO + b * stride_dob + h * stride_doh
     lse_ptr = LSE + pid_bh * T_Q                     # LSE and DELTA: contiguous [B, H, Tq] fp32
     delta_ptr = DELTA + pid_bh * T_Q
 
-    dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
-    dv = tl.zeros([BLOCK_N, BLOCK_DV], dtype=tl.float32)
     full_end = (T_Q // BLOCK_M) * BLOCK_M
     lo = 0
     if CAUSAL:
         # The query blocks on this key block's diagonal (queries before start_n see none of its keys).
         lo = tl.minimum(start_n + BLOCK_N, T_Q)
-        dk, dv = _dkdv_over_queries(dk, dv, k, v, Q_base, DO_base, lse_ptr, delta_ptr, start_n, lo,
-                                    offs_n, offs_mb, offs_d, offs_dv, stride_qt, stride_qd, stride_dot, stride_dod,
-                                    T_Q, D, DV, qk_scale, BLOCK_M=BLOCK_M, MASK_T=True, MASK_CAUSAL=True,
-                                    EVEN_D=EVEN_D, PRECISION=PRECISION)
+        dk, dv = dkdv_over_queries(dk, dv, k, v, Q_base, DO_base, lse_ptr, delta_ptr, start_n, lo,
+                                   offs_n, offs_mb, offs_d, offs_dv, stride_qt, stride_qd, stride_dot, stride_dod,
+                                   T_Q, D, DV, qk_scale, BLOCK_M=BLOCK_M, MASK_T=True, MASK_CAUSAL=True,
+                                   EVEN_D=EVEN_D, PRECISION=PRECISION)
     # Full query blocks below the diagonal (or all of them): no masks.
-    dk, dv = _dkdv_over_queries(dk, dv, k, v, Q_base, DO_base, lse_ptr, delta_ptr, lo, full_end,
-                                offs_n, offs_mb, offs_d, offs_dv, stride_qt, stride_qd, stride_dot, stride_dod,
-                                T_Q, D, DV, qk_scale, BLOCK_M=BLOCK_M, MASK_T=False, MASK_CAUSAL=False,
-                                EVEN_D=EVEN_D, PRECISION=PRECISION)
+    dk, dv = dkdv_over_queries(dk, dv, k, v, Q_base, DO_base, lse_ptr, delta_ptr, lo, full_end,
+                               offs_n, offs_mb, offs_d, offs_dv, stride_qt, stride_qd, stride_dot, stride_dod,
+                               T_Q, D, DV, qk_scale, BLOCK_M=BLOCK_M, MASK_T=False, MASK_CAUSAL=False,
+                               EVEN_D=EVEN_D, PRECISION=PRECISION)
     # The ragged last query block.
-    dk, dv = _dkdv_over_queries(dk, dv, k, v, Q_base, DO_base, lse_ptr, delta_ptr, tl.maximum(lo, full_end), T_Q,
-                                offs_n, offs_mb, offs_d, offs_dv, stride_qt, stride_qd, stride_dot, stride_dod,
-                                T_Q, D, DV, qk_scale, BLOCK_M=BLOCK_M, MASK_T=True, MASK_CAUSAL=False,
-                                EVEN_D=EVEN_D, PRECISION=PRECISION)
+    dk, dv = dkdv_over_queries(dk, dv, k, v, Q_base, DO_base, lse_ptr, delta_ptr, tl.maximum(lo, full_end), T_Q,
+                               offs_n, offs_mb, offs_d, offs_dv, stride_qt, stride_qd, stride_dot, stride_dod,
+                               T_Q, D, DV, qk_scale, BLOCK_M=BLOCK_M, MASK_T=True, MASK_CAUSAL=False,
+                               EVEN_D=EVEN_D, PRECISION=PRECISION)
 
-    dk_ptrs = DK + b * stride_dkb + h * stride_dkh + offs_n[:, None] * stride_dkt + offs_d[None, :] * stride_dkd
-    dv_ptrs = DV_OUT + b * stride_dvb + h * stride_dvh + offs_n[:, None] * stride_dvt + offs_dv[None, :] * stride_dvd
-    tl.store(dk_ptrs, (dk * sm_scale).to(DK.dtype.element_ty), mask=kmask)
-    tl.store(dv_ptrs, dv.to(DV_OUT.dtype.element_ty), mask=vmask)
-
-
-@triton.jit
-def _dq_over_keys(dq, q, do, lse2, delta, K_base, V_base, lo, hi, offs_m, offs_nb, offs_d, offs_dv,
-                  stride_kt, stride_kd, stride_vt, stride_vd, T_K, D, DV, qk_scale,
-                  BLOCK_N: tl.constexpr, MASK_T: tl.constexpr, MASK_CAUSAL: tl.constexpr,
-                  EVEN_D: tl.constexpr, PRECISION: tl.constexpr):
-    for start_n in range(lo, hi, BLOCK_N):
-        k = load_rows(K_base, start_n, offs_nb, offs_d, stride_kt, stride_kd, T_K, D, MASK_T=MASK_T, EVEN_C=EVEN_D)
-        v = load_rows(V_base, start_n, offs_nb, offs_dv, stride_vt, stride_vd, T_K, DV, MASK_T=MASK_T,
-                       EVEN_C=EVEN_D)
-        # Keys past T_K load as zero rows of k: whatever their P, they add dS * 0 to dq.
-        dq = dq_tile(dq, q, do, lse2, delta, k, v, offs_m, start_n + offs_nb, qk_scale,
-                     MASK_CAUSAL=MASK_CAUSAL, PRECISION=PRECISION)
-    return dq
+    store_tile(DK + b * stride_dkb + h * stride_dkh, dk * sm_scale, offs_n, offs_d, stride_dkt, stride_dkd, T_K, D)
+    store_tile(DV_OUT + b * stride_dvb + h * stride_dvh, dv, offs_n, offs_dv, stride_dvt, stride_dvd, T_K, DV)
 
 
 @triton.jit
@@ -147,42 +97,27 @@ def _flash_bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ,
                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                          BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
                          CAUSAL: tl.constexpr, EVEN_D: tl.constexpr, PRECISION: tl.constexpr):
-    pid_m = tl.program_id(0)
-    pid_bh = tl.program_id(1)
-    b = pid_bh // H
-    h = pid_bh % H
-    start_m = pid_m * BLOCK_M
-    offs_m = start_m + tl.arange(0, BLOCK_M)
-    offs_nb = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, BLOCK_D)
-    offs_dv = tl.arange(0, BLOCK_DV)
+    pid_bh, b, h, start_m, offs_m, offs_nb, offs_d, offs_dv = program_tile(H, BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DV)
 
-    qmask = (offs_m[:, None] < T_Q) & (offs_d[None, :] < D)
-    q = tl.load(Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qt + offs_d[None, :] * stride_qd,
-                mask=qmask, other=0.0)
-    do = tl.load(DO + b * stride_dob + h * stride_doh + offs_m[:, None] * stride_dot + offs_dv[None, :] * stride_dod,
-                 mask=(offs_m[:, None] < T_Q) & (offs_dv[None, :] < DV), other=0.0)
-    lse2 = tl.load(LSE + pid_bh * T_Q + offs_m, mask=offs_m < T_Q, other=float("inf")) * LOG2E
-    delta = tl.load(DELTA + pid_bh * T_Q + offs_m, mask=offs_m < T_Q, other=0.0)
+    q, do, lse2, delta, dq = dq_program_init(Q + b * stride_qb + h * stride_qh, DO + b * stride_dob + h * stride_doh,
+                                             LSE + pid_bh * T_Q, DELTA + pid_bh * T_Q, offs_m, offs_d, offs_dv,
+                                             stride_qt, stride_qd, stride_dot, stride_dod, T_Q, D, DV)
     K_base = K + b * stride_kb + h * stride_kh
     V_base = V + b * stride_vb + h * stride_vh
-
-    dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     if CAUSAL:
         full_end = start_m                                  # key blocks wholly left of the diagonal
         masked_end = tl.minimum(start_m + BLOCK_M, T_K)
     else:
         full_end = (T_K // BLOCK_N) * BLOCK_N
         masked_end = T_K
-    dq = _dq_over_keys(dq, q, do, lse2, delta, K_base, V_base, 0, full_end, offs_m, offs_nb, offs_d, offs_dv,
-                       stride_kt, stride_kd, stride_vt, stride_vd, T_K, D, DV, qk_scale, BLOCK_N=BLOCK_N, MASK_T=False,
-                       MASK_CAUSAL=False, EVEN_D=EVEN_D, PRECISION=PRECISION)
-    dq = _dq_over_keys(dq, q, do, lse2, delta, K_base, V_base, full_end, masked_end, offs_m, offs_nb, offs_d,
-                       offs_dv, stride_kt, stride_kd, stride_vt, stride_vd, T_K, D, DV, qk_scale, BLOCK_N=BLOCK_N,
-                       MASK_T=True, MASK_CAUSAL=CAUSAL, EVEN_D=EVEN_D, PRECISION=PRECISION)
+    dq = dq_over_keys(dq, q, do, lse2, delta, K_base, V_base, 0, full_end, offs_m, offs_nb, offs_d, offs_dv,
+                      stride_kt, stride_kd, stride_vt, stride_vd, T_K, D, DV, qk_scale, BLOCK_N=BLOCK_N, MASK_T=False,
+                      MASK_CAUSAL=False, EVEN_D=EVEN_D, PRECISION=PRECISION)
+    dq = dq_over_keys(dq, q, do, lse2, delta, K_base, V_base, full_end, masked_end, offs_m, offs_nb, offs_d,
+                      offs_dv, stride_kt, stride_kd, stride_vt, stride_vd, T_K, D, DV, qk_scale, BLOCK_N=BLOCK_N,
+                      MASK_T=True, MASK_CAUSAL=CAUSAL, EVEN_D=EVEN_D, PRECISION=PRECISION)
 
-    dq_ptrs = DQ + b * stride_dqb + h * stride_dqh + offs_m[:, None] * stride_dqt + offs_d[None, :] * stride_dqd
-    tl.store(dq_ptrs, (dq * sm_scale).to(DQ.dtype.element_ty), mask=qmask)
+    store_tile(DQ + b * stride_dqb + h * stride_dqh, dq * sm_scale, offs_m, offs_d, stride_dqt, stride_dqd, T_Q, D)
 
 
 def _bwd_smem(cfg, args, resident: str) -> int:
@@ -247,12 +182,12 @@ def flash_attention_backward(q, k, v, o, lse, do, dlse, *, scale: float, causal:
         dq, dk, _ = flash_attention_backward(q, k, zero.expand(B, H, T_K, 1), zero.expand(B, H, T_Q, 1), lse,
                                              zero.expand(B, H, T_Q, 1), dlse, scale=scale, causal=causal)
         return dq, dk, dv
-    delta = backward_delta(o, do, dlse)
+    delta = softmax.backward_delta(o, do, dlse)
     lse = lse.contiguous()
-    BLOCK_D, BLOCK_DV = head_block(D), head_block(DV)
+    BLOCK_D, BLOCK_DV = softmax.head_block(D), softmax.head_block(DV)
     common = dict(BLOCK_D=BLOCK_D, BLOCK_DV=BLOCK_DV, CAUSAL=causal, EVEN_D=(D == BLOCK_D and DV == BLOCK_DV),
                   PRECISION=precision_for(q.dtype))
-    sizes = (H, T_Q, T_K, D, DV, scale * LOG2E.value, scale, length_bucket(max(T_Q, T_K)))
+    sizes = (H, T_Q, T_K, D, DV, scale * softmax.LOG2E.value, scale, length_bucket(max(T_Q, T_K)))
     _dkdv[lambda meta: (triton.cdiv(T_K, meta["BLOCK_N"]), B * H)](
         q, k, v, do, lse, delta, dk, dv,
         *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk.stride(), *dv.stride(),

@@ -39,7 +39,8 @@ import triton
 import triton.language as tl
 
 from ..._backend import INTERPRET
-from ..common.online_softmax import LN2, LOG2E, head_block, load_key_tile, online_softmax_update
+from ..common.online_softmax import LOG2E, attend_keys, head_block, softmax_init, store_o_lse
+from ..common.tiles import load_tile, program_tile
 
 
 @triton.jit
@@ -52,25 +53,14 @@ def _flash_fwd_kernel(Q, K, V, O, LSE,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                       BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
                       CAUSAL: tl.constexpr, EVEN_D: tl.constexpr, PRECISION: tl.constexpr):
-    pid_m = tl.program_id(0)
-    pid_bh = tl.program_id(1)
-    b = pid_bh // H
-    h = pid_bh % H
-    start_m = pid_m * BLOCK_M
-    offs_m = start_m + tl.arange(0, BLOCK_M)
-    offs_n = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, BLOCK_D)
-    offs_dv = tl.arange(0, BLOCK_DV)
+    pid_bh, b, h, start_m, offs_m, offs_n, offs_d, offs_dv = program_tile(H, BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DV)
 
-    q_ptrs = Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qt + offs_d[None, :] * stride_qd
-    q = tl.load(q_ptrs, mask=(offs_m[:, None] < T_Q) & (offs_d[None, :] < D), other=0.0)
+    q = load_tile(Q + b * stride_qb + h * stride_qh, offs_m, offs_d, stride_qt, stride_qd, T_Q, D)
     # k is read transposed, [BLOCK_D, BLOCK_N], so that s = q @ k needs no in-register transpose.
     K_base = K + b * stride_kb + h * stride_kh
     V_base = V + b * stride_vb + h * stride_vh
 
-    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
+    acc, l_i, m_i = softmax_init(BLOCK_M, BLOCK_DV)
 
     if CAUSAL:
         full_end = start_m                                  # tiles wholly left of the diagonal
@@ -80,30 +70,16 @@ def _flash_fwd_kernel(Q, K, V, O, LSE,
         masked_end = T_K
 
     # Stage 1: no masks. Every row sees every key of these tiles, so no row is empty.
-    for start_n in range(0, full_end, BLOCK_N):
-        k, v = load_key_tile(K_base, V_base, start_n, offs_n, offs_d, offs_dv, stride_kt, stride_kd, stride_vt,
-                              stride_vd, T_K, D, DV, MASK_T=False, EVEN_D=EVEN_D)
-        s = tl.dot(q, k, input_precision=PRECISION) * qk_scale                # base-2 logits
-        acc, l_i, m_i = online_softmax_update(acc, l_i, m_i, s, v, MAY_BE_EMPTY=False, PRECISION=PRECISION)
+    acc, l_i, m_i = attend_keys(acc, l_i, m_i, q, K_base, V_base, 0, full_end, offs_m, offs_n, offs_d, offs_dv,
+                                stride_kt, stride_kd, stride_vt, stride_vd, T_K, D, DV, qk_scale, BLOCK_N=BLOCK_N,
+                                MASK_T=False, CAUSAL=False, EVEN_D=EVEN_D, PRECISION=PRECISION)
     # Stage 2: the diagonal (causal) and the ragged tail, masked.
-    for start_n in range(full_end, masked_end, BLOCK_N):
-        k, v = load_key_tile(K_base, V_base, start_n, offs_n, offs_d, offs_dv, stride_kt, stride_kd, stride_vt,
-                              stride_vd, T_K, D, DV, MASK_T=True, EVEN_D=EVEN_D)
-        s = tl.dot(q, k, input_precision=PRECISION) * qk_scale
-        offs_kn = start_n + offs_n
-        valid = offs_kn[None, :] < T_K
-        if CAUSAL:
-            valid = valid & (offs_kn[None, :] <= offs_m[:, None])
-        s = tl.where(valid, s, float("-inf"))
-        acc, l_i, m_i = online_softmax_update(acc, l_i, m_i, s, v, MAY_BE_EMPTY=True, PRECISION=PRECISION)
-
-    l_safe = tl.where(l_i == 0.0, 1.0, l_i)                 # only padded rows (>= T_Q) have l = 0
-    o = acc / l_safe[:, None]
-    lse = (m_i + tl.log2(l_safe)) * LN2                     # natural-log LSE of the scaled scores
-
-    o_ptrs = O + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_ot + offs_dv[None, :] * stride_od
-    tl.store(o_ptrs, o.to(O.dtype.element_ty), mask=(offs_m[:, None] < T_Q) & (offs_dv[None, :] < DV))
-    tl.store(LSE + pid_bh * T_Q + offs_m, lse, mask=offs_m < T_Q)      # LSE: contiguous [B, H, Tq]
+    acc, l_i, m_i = attend_keys(acc, l_i, m_i, q, K_base, V_base, full_end, masked_end, offs_m, offs_n, offs_d,
+                                offs_dv, stride_kt, stride_kd, stride_vt, stride_vd, T_K, D, DV, qk_scale,
+                                BLOCK_N=BLOCK_N, MASK_T=True, CAUSAL=CAUSAL, EVEN_D=EVEN_D, PRECISION=PRECISION)
+    # Only padded rows (>= T_Q) can have l = 0; LSE: contiguous [B, H, Tq].
+    store_o_lse(O + b * stride_ob + h * stride_oh, LSE + pid_bh * T_Q, acc, l_i, m_i, offs_m, offs_dv,
+                stride_ot, stride_od, T_Q, DV)
 
 
 # Shared memory the tiles may take: q plus ``stages`` buffered (k, v) tiles. Hopper offers 227 KiB

@@ -59,6 +59,47 @@ def _load_rows(zb, rows, rmask_t, offs_r, R, stride_zt, stride_zr):
 
 
 @triton.jit
+def _positions(Z, stride_zb, b, L, R, BLOCK_T: tl.constexpr, BLOCK_R: tl.constexpr):
+    """``(t, tmask, offs_r, rmask, zb, base, m2)`` of a program that owns ``BLOCK_T`` positions (grid axis 0)
+    of batch ``b``: the positions and ``t < L``, the ``r`` offsets and ``< R``, batch ``b`` of ``z``, and
+    the offsets and mask of these rows in a contiguous ``[B, L, r]`` float32 buffer (``w_hat`` and its kin)."""
+    t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    tmask = t < L
+    offs_r = tl.arange(0, BLOCK_R)
+    rmask = offs_r < R
+    return (t, tmask, offs_r, rmask, Z + b * stride_zb, b * L * R + t[:, None] * R + offs_r[None, :],
+            tmask[:, None] & rmask[None, :])
+
+
+@triton.jit
+def _load_coordinate(zb, t, tmask, i, stride_zt, stride_zr):
+    """The column ``u_i = z[t, i]``, float32 ``[BLOCK_T]`` (0 past ``L``)."""
+    return tl.load(zb + t * stride_zt + i * stride_zr, mask=tmask, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _pair(zb, rows, valid, offs_r, R, stride_zt, stride_zr, u, uu):
+    """Pair ``u`` (with ``uu = ||u||^2``) with the rows ``w = z[rows]`` (zero where not ``valid``): returns
+    ``(w, ||w||^2, u . w, ||p(u, w)||^2)``, the last by Lagrange, ``||u||^2 ||w||^2 - (u . w)^2``, clamped at 0."""
+    w = _load_rows(zb, rows, valid, offs_r, R, stride_zt, stride_zr)
+    ww = tl.sum(w * w, axis=1)
+    uw = tl.sum(u * w, axis=1)
+    return w, ww, uw, tl.maximum(uu * ww - uw * uw, 0.0)
+
+
+@triton.jit
+def _coefficient_grad(valid, n2, k, dwhat, partner, eps):
+    """For one offset: the coefficient ``c = valid / (K max(||p||, eps))`` and ``f``, twice the derivative
+    of the loss through ``c`` with respect to ``||p||^2`` (zero where the ``eps`` floor holds), given the
+    gradient ``dwhat`` of the partner sum it weights and the ``partner`` row it multiplies."""
+    n = tl.sqrt(n2)
+    big = valid & (n > eps)
+    c = tl.where(valid, 1.0 / (k * tl.maximum(n, eps)), 0.0)
+    dc = tl.sum(dwhat * partner, axis=1)
+    return c, tl.where(big, -c * dc / tl.where(big, n2, 1.0), 0.0)             # d/d(n^2) times 2
+
+
+@triton.jit
 def _count_valid(t, OFF, NW):
     """``K_t``: the number of offsets with ``t - delta >= 0`` (float32, per row)."""
     cnt = tl.zeros(t.shape, dtype=tl.float32)
@@ -74,16 +115,11 @@ def _fwd_kernel(Z, WA, OFF, G, WHAT,
                 L, R, D, NW, eps,
                 BLOCK_T: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
                 PRECISION: tl.constexpr):
-    pid_t = tl.program_id(0)
     pid_d = tl.program_id(1)
     b = tl.program_id(2)
-    t = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
-    tmask = t < L
-    offs_r = tl.arange(0, BLOCK_R)
-    rmask = offs_r < R
+    t, tmask, offs_r, rmask, zb, base, m2 = _positions(Z, stride_zb, b, L, R, BLOCK_T, BLOCK_R)
     offs_e = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
     emask = offs_e < D
-    zb = Z + b * stride_zb
 
     u = _load_rows(zb, t, tmask, offs_r, R, stride_zt, stride_zr)          # [BLOCK_T, BLOCK_R]
     uu = tl.sum(u * u, axis=1)
@@ -93,21 +129,18 @@ def _fwd_kernel(Z, WA, OFF, G, WHAT,
         delta = tl.load(OFF + k)
         s = t - delta
         valid = tmask & (s >= 0)
-        w = _load_rows(zb, s, valid, offs_r, R, stride_zt, stride_zr)
-        ww = tl.sum(w * w, axis=1)
-        uw = tl.sum(u * w, axis=1)
-        n = tl.sqrt(tl.maximum(uu * ww - uw * uw, 0.0))                    # ||p(u, w)||, Lagrange
+        w, _, _, n2 = _pair(zb, s, valid, offs_r, R, stride_zt, stride_zr, u, uu)
+        n = tl.sqrt(n2)                                                     # ||p(u, w)||, Lagrange
         c = tl.where(valid, 1.0 / tl.maximum(n, eps), 0.0)
         what += c[:, None] * w
         cnt += valid.to(tl.float32)
     what = what / tl.maximum(cnt, 1.0)[:, None]
-    wptr = WHAT + b * L * R + t[:, None] * R + offs_r[None, :]
     if pid_d == 0:
-        tl.store(wptr, what, mask=tmask[:, None] & rmask[None, :])
+        tl.store(WHAT + base, what, mask=m2)
 
     acc = tl.zeros([BLOCK_T, BLOCK_D], dtype=tl.float32)
     for i in range(R):
-        ui = tl.load(zb + t * stride_zt + i * stride_zr, mask=tmask, other=0.0).to(tl.float32)
+        ui = _load_coordinate(zb, t, tmask, i, stride_zt, stride_zr)
         wa = tl.load(WA + i * R * D + offs_r[:, None] * D + offs_e[None, :],
                      mask=rmask[:, None] & emask[None, :], other=0.0).to(tl.float32)   # Wa[i] slice
         acc += ui[:, None] * tl.dot(what, wa, input_precision=PRECISION)
@@ -122,15 +155,8 @@ def _bwd_partner_kernel(Z, WA, WHAT, DG, DWHAT, DU,
                         BLOCK_T: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
                         PRECISION: tl.constexpr):
     """dw_hat_t = sum_i u_i (dg_t @ Wa[i]^T);  du_t[i] (direct) = w_hat_t . (dg_t @ Wa[i]^T)."""
-    pid_t = tl.program_id(0)
     b = tl.program_id(1)
-    t = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
-    tmask = t < L
-    offs_r = tl.arange(0, BLOCK_R)
-    rmask = offs_r < R
-    zb = Z + b * stride_zb
-    base = b * L * R + t[:, None] * R + offs_r[None, :]
-    m2 = tmask[:, None] & rmask[None, :]
+    t, tmask, offs_r, rmask, zb, base, m2 = _positions(Z, stride_zb, b, L, R, BLOCK_T, BLOCK_R)
     what = tl.load(WHAT + base, mask=m2, other=0.0)
     dwhat = tl.zeros([BLOCK_T, BLOCK_R], dtype=tl.float32)
     du = tl.zeros([BLOCK_T, BLOCK_R], dtype=tl.float32)
@@ -140,7 +166,7 @@ def _bwd_partner_kernel(Z, WA, WHAT, DG, DWHAT, DU,
         dg = tl.load(DG + b * stride_gb + t[:, None] * stride_gt + offs_e[None, :] * stride_gd,
                      mask=tmask[:, None] & emask[None, :], other=0.0).to(tl.float32)   # [BLOCK_T, BLOCK_D]
         for i in range(R):
-            ui = tl.load(zb + t * stride_zt + i * stride_zr, mask=tmask, other=0.0).to(tl.float32)
+            ui = _load_coordinate(zb, t, tmask, i, stride_zt, stride_zr)
             wa_t = tl.load(WA + i * R * D + offs_r[None, :] * D + offs_e[:, None],
                            mask=rmask[None, :] & emask[:, None], other=0.0).to(tl.float32)  # [BLOCK_D, BLOCK_R]
             y = tl.dot(dg, wa_t, input_precision=PRECISION)                  # [BLOCK_T, BLOCK_R]
@@ -158,15 +184,8 @@ def _bwd_z_kernel(Z, OFF, DWHAT, DU, DZ,
                   BLOCK_T: tl.constexpr, BLOCK_R: tl.constexpr):
     """dz_s = du_s (direct) + [z_s as u: through the norms at t = s]
                             + [z_s as partner of t = s + delta: coefficient and norm]."""
-    pid_t = tl.program_id(0)
     b = tl.program_id(1)
-    s = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
-    smask = s < L
-    offs_r = tl.arange(0, BLOCK_R)
-    rmask = offs_r < R
-    zb = Z + b * stride_zb
-    m2 = smask[:, None] & rmask[None, :]
-    base = b * L * R + s[:, None] * R + offs_r[None, :]
+    s, smask, offs_r, rmask, zb, base, m2 = _positions(Z, stride_zb, b, L, R, BLOCK_T, BLOCK_R)
 
     x = _load_rows(zb, s, smask, offs_r, R, stride_zt, stride_zr)          # z_s
     xx = tl.sum(x * x, axis=1)
@@ -178,31 +197,17 @@ def _bwd_z_kernel(Z, OFF, DWHAT, DU, DZ,
         # role 1: z_s is u, paired with w = z_{s-delta}
         p = s - delta
         valid = smask & (p >= 0)
-        w = _load_rows(zb, p, valid, offs_r, R, stride_zt, stride_zr)
-        ww = tl.sum(w * w, axis=1)
-        uw = tl.sum(x * w, axis=1)
-        n2 = tl.maximum(xx * ww - uw * uw, 0.0)
-        n = tl.sqrt(n2)
-        big = valid & (n > eps)
-        c = tl.where(valid, 1.0 / (k_s * tl.maximum(n, eps)), 0.0)
-        dc = tl.sum(dwhat_s * w, axis=1)
-        f = tl.where(big, -c * dc / tl.where(big, n2, 1.0), 0.0)            # d/d(n^2) times 2
+        w, ww, uw, n2 = _pair(zb, p, valid, offs_r, R, stride_zt, stride_zr, x, xx)
+        _, f = _coefficient_grad(valid, n2, k_s, dwhat_s, w, eps)
         dz += f[:, None] * (ww[:, None] * x - uw[:, None] * w)
         # role 2: z_s is the partner w of u = z_{s+delta}
         t = s + delta
         valid2 = smask & (t < L)
-        u = _load_rows(zb, t, valid2, offs_r, R, stride_zt, stride_zr)
-        uu = tl.sum(u * u, axis=1)
-        ux = tl.sum(u * x, axis=1)
+        u, uu, ux, n2b = _pair(zb, t, valid2, offs_r, R, stride_zt, stride_zr, x, xx)
         m2b = valid2[:, None] & rmask[None, :]
         dwhat_t = tl.load(DWHAT + b * L * R + t[:, None] * R + offs_r[None, :], mask=m2b, other=0.0)
         k_t = tl.maximum(_count_valid(t, OFF, NW), 1.0)
-        n2b = tl.maximum(uu * xx - ux * ux, 0.0)
-        nb = tl.sqrt(n2b)
-        bigb = valid2 & (nb > eps)
-        cb = tl.where(valid2, 1.0 / (k_t * tl.maximum(nb, eps)), 0.0)
-        dcb = tl.sum(dwhat_t * x, axis=1)
-        fb = tl.where(bigb, -cb * dcb / tl.where(bigb, n2b, 1.0), 0.0)
+        cb, fb = _coefficient_grad(valid2, n2b, k_t, dwhat_t, x, eps)
         dz += cb[:, None] * dwhat_t + fb[:, None] * (uu[:, None] * x - ux[:, None] * u)
     tl.store(DZ + base, dz, mask=m2)
 
