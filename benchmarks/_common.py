@@ -179,28 +179,3 @@ def add_sweep_arguments(ap, *, dtypes: str) -> None:
     ap.add_argument("--T", default="1024,2048,4096,8192,16384,32768")
     ap.add_argument("--B", type=int, default=4)
     ap.add_argument("--H", type=int, default=16)
-
-
-# --- forward+backward passes and peak memory (appended for the chunked linear / delta benchmarks) ---
-
-def forward_backward(fn, inputs, grad_out):
-    """A closure for one training step's worth of work: ``fn(*inputs)`` forward, then the gradients
-    of every input that requires one (``torch.autograd.grad``, so nothing accumulates in ``.grad``)."""
-    wrt = [x for x in inputs if isinstance(x, torch.Tensor) and x.requires_grad]
-
-    def step():
-        out = fn(*inputs)
-        return torch.autograd.grad(out, wrt, grad_out)
-    return step
-
-
-def measured_peak_bytes(fn) -> int | None:
-    """Peak CUDA memory allocated while ``fn()`` runs once (inputs included: they are allocated
-    already), or None without a GPU."""
-    if not torch.cuda.is_available():
-        return None
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    fn()
-    torch.cuda.synchronize()
-    return int(torch.cuda.max_memory_allocated())

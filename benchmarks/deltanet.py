@@ -49,11 +49,9 @@ from _common import (  # noqa: E402
     DTYPES,
     add_sweep_arguments,
     checkpoint,
-    forward_backward,
-    measured_peak_bytes,
+    measure,
     print_table,
     require_agreement,
-    time_ms,
     write_results,
 )
 
@@ -173,22 +171,20 @@ def main(argv=None):
                 for pass_ in passes:
                     bwd = pass_ == "fwd+bwd"
                     q, k, v, beta, g = make_inputs(B, H, T, D, device, dtype, gated, requires_grad=bwd)
-                    do = torch.randn(B, H, T, D, device=device, dtype=dtype)
 
                     def ours(q, k, v, beta, g, mode="chunk", backend=kernel_backend):
                         return attnlib.delta_rule(q, k, v, beta, g=g, mode=mode, chunk_size=CHUNK, backend=backend)
-                    runs = {"attnlib": (ours, (q, k, v, beta, g), do)}
+                    runs = {"attnlib": (ours, (q, k, v, beta, g))}
                     if fla_fn is not None:
-                        runs["fla"] = (functools.partial(fla_fn, scale=scale), to_bt(q, k, v, beta, g, bwd),
-                                       do.transpose(1, 2).contiguous())
+                        runs["fla"] = (functools.partial(fla_fn, scale=scale), to_bt(q, k, v, beta, g, bwd))
                     if T <= max_rec and not bwd:
                         runs["torch_recurrent"] = (functools.partial(ours, mode="recurrent", backend="torch"),
-                                                   (q, k, v, beta, g), do)
-                    for name, (fn, ins, grad_out) in runs.items():
-                        step = forward_backward(fn, ins, grad_out) if bwd else functools.partial(fn, *ins)
+                                                   (q, k, v, beta, g))
+                    for name, (fn, ins) in runs.items():
+                        wrt = [x for x in ins if isinstance(x, torch.Tensor) and x.requires_grad]
                         try:
-                            ms = time_ms(step)
-                            peak = measured_peak_bytes(step)
+                            m = measure(functools.partial(fn, *ins), wrt, pass_)
+                            ms, peak = m["ms"], m["peak_mem_bytes"]
                         except torch.cuda.OutOfMemoryError:
                             print(f"[skip] {name} {op} {pass_} B={B} H={H} T={T} D={D}: out of memory")
                             torch.cuda.empty_cache()
@@ -198,7 +194,7 @@ def main(argv=None):
                                      "T": T, "D": D, "causal": True, "ms": ms,
                                      "tflops": flops / (ms * 1e-3) / 1e12, "peak_mem_bytes": peak,
                                      "backend": kernel_backend if name == "attnlib" else name})
-                    del runs, q, k, v, beta, g, do
+                    del runs, q, k, v, beta, g
                     checkpoint(rows, file_op="deltanet", out_dir=args.out,
                                label=f"{op} {pass_} B={B} H={H} T={T} D={D}", op=op, B=B, H=H, T=T, D=D,
                                dtype=dname, **{"pass": pass_})

@@ -50,11 +50,9 @@ from _common import (  # noqa: E402
     DTYPES,
     add_sweep_arguments,
     checkpoint,
-    forward_backward,
-    measured_peak_bytes,
+    measure,
     print_table,
     require_agreement,
-    time_ms,
     write_results,
 )
 
@@ -166,17 +164,16 @@ def main(argv=None):
                 bwd = pass_ == "fwd+bwd"
                 q, k, v = (torch.randn(B, H, T, D, device=device, dtype=dtype, requires_grad=bwd)
                            for _ in range(3))
-                do = torch.randn(B, H, T, D, device=device, dtype=dtype)
-                layouts = {"bhtd": ((q, k, v), do)}
+                layouts = {"bhtd": (q, k, v)}
                 if fla_fn is not None:                         # fla's layout, made outside the timed region
-                    layouts["bthd"] = (tuple(x.detach().transpose(1, 2).contiguous().requires_grad_(bwd)
-                                             for x in (q, k, v)), do.transpose(1, 2).contiguous())
+                    layouts["bthd"] = tuple(x.detach().transpose(1, 2).contiguous().requires_grad_(bwd)
+                                            for x in (q, k, v))
                 for name, (fn, layout) in impls(fla_fn, smoke=args.smoke, pass_=pass_).items():
-                    ins, grad_out = layouts[layout]
-                    step = forward_backward(fn, ins, grad_out) if bwd else functools.partial(fn, *ins)
+                    ins = layouts[layout]
+                    wrt = [x for x in ins if isinstance(x, torch.Tensor) and x.requires_grad]
                     try:
-                        ms = time_ms(step)
-                        peak = measured_peak_bytes(step)
+                        m = measure(functools.partial(fn, *ins), wrt, pass_)
+                        ms, peak = m["ms"], m["peak_mem_bytes"]
                     except torch.cuda.OutOfMemoryError:
                         print(f"[skip] {name} {pass_} B={B} H={H} T={T} D={D}: out of memory")
                         torch.cuda.empty_cache()
@@ -185,7 +182,7 @@ def main(argv=None):
                     rows.append({"op": "linear_attention", "impl": name, "pass": pass_, "dtype": dname,
                                  "B": B, "H": H, "T": T, "D": D, "causal": True, "ms": ms,
                                  "tflops": flops / (ms * 1e-3) / 1e12, "peak_mem_bytes": peak})
-                del q, k, v, do, layouts
+                del q, k, v, layouts
                 checkpoint(rows, file_op="linear", out_dir=args.out, label=f"{dname} {pass_} B={B} H={H} T={T} D={D}",
                            B=B, H=H, T=T, D=D, dtype=dname, **{"pass": pass_})
     print_table(rows, ["impl", "pass", "dtype", "B", "H", "T", "D", "ms", "tflops", "peak_mem_bytes"])
