@@ -27,6 +27,8 @@ from pathlib import Path
 
 import torch
 
+from attnlib.metrics import rel_rms
+
 RESULTS = Path(__file__).resolve().parent / "results"
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 
@@ -154,7 +156,7 @@ def write_results(rows: list[dict], *, op: str, out_dir: Path | None = None) -> 
 def require_agreement(name: str, got: torch.Tensor, ref: torch.Tensor, what: str, tol: float = 2e-2) -> float:
     """Print ``got``'s relative RMS error against the float64 ``ref``; stop the benchmark (nothing is
     timed) when it is not finite or above ``tol`` -- a fast wrong kernel is not a result."""
-    err = ((got.double() - ref).norm() / ref.norm()).item()
+    err = rel_rms(got, ref)
     print(f"[check] {name} vs {what}: relative RMS error {err:.2e}")
     if not math.isfinite(err) or err > tol:
         raise SystemExit(f"{name} disagrees with the reference (error {err:.2e}); not timing it")
