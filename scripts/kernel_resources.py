@@ -171,10 +171,11 @@ def _compile_and_count(entry: dict) -> dict:
         raise RuntimeError(f"no ptxas -v report for {entry['kernel']} (was it cached?):\n{text[-2000:]}")
     c = entry["consts"]
     flags = [k for k, v in c.items() if v is True]
-    flags += [f"{k}={v}" for k, v in c.items() if type(v) is int and k not in ("CHUNK", "BLOCK_D", "BLOCK_V")]
+    tiles = ("CHUNK", "BLOCK_D", "BLOCK_K", "BLOCK_V")
+    flags += [f"{k}={v}" for k, v in c.items() if type(v) is int and k not in tiles]
     flags += [f"{k}={v}" for k, v in entry["signature"].items() if k in ("O", "V") and v == "*fp32"]
     return {"kernel": entry["kernel"], "flags": flags,
-            "chunk": c.get("CHUNK"), "block_d": c.get("BLOCK_D"), "block_v": c.get("BLOCK_V"),
+            "chunk": c.get("CHUNK"), "block_d": c.get("BLOCK_D", c.get("BLOCK_K")), "block_v": c.get("BLOCK_V"),
             "num_warps": entry["options"].num_warps, "num_stages": entry["options"].num_stages,
             "registers": int(regs.group(1)), "spill_store_bytes": int(spill.group(1)),
             "spill_load_bytes": int(spill.group(2)), "shared_bytes": ck.metadata.shared}
