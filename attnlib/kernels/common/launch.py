@@ -39,15 +39,16 @@ def value_block(dv: int, d: int, device: torch.device, override: int | None = No
     return min(32 if d > 128 else widest, full)
 
 
-def key_block(d: int, device: torch.device, override: int | None = None) -> int:
+def key_block(d: int, device: torch.device, override: int | None = None, widest: int = 64) -> int:
     """Width of a key tile, for the kernels that walk the head dimension ``D`` in tiles (the dq/dk and
-    WY backward kernels). On a GPU at most 64 columns: holding all of ``D = 128`` in ``[CHUNK, D]``
-    float32 tiles made ptxas spill registers (``scripts/kernel_resources.py`` counts them). Under the
-    interpreter all of ``D`` (fewer, larger numpy operations). ``override`` as in :func:`value_block`."""
+    WY backward kernels). On a GPU at most ``widest`` (64) columns: holding all of ``D = 128`` in
+    ``[CHUNK, D]`` float32 tiles made ptxas spill registers (``scripts/kernel_resources.py`` counts
+    them). Under the interpreter all of ``D`` (fewer, larger numpy operations). ``override`` as in
+    :func:`value_block`."""
     if override is not None:
         return override
     full = dim_block(d)
-    return full if device.type != "cuda" else min(64, full)
+    return full if device.type != "cuda" else min(widest, full)
 
 
 def warps(*tile_sides: int) -> int:

@@ -18,7 +18,7 @@ Saved for the backward: the inputs, ``G`` and ``Ai``. The backward recomputes ``
 
 7. ``chunk_bwd_dv_local``  scale (Q K^T . Gamma . M)^T dO                         (Dv tiles, chunks, B*H)
 8. ``chunk_bwd_dh``        reverse state pass: dh per chunk, dv_new, dS_0          (Dv tiles, B*H), sequential
-9. ``chunk_bwd_dqk``       dQ, dK (outputs and state), dW = -dv_new h_c^T, dG      (chunks, B*H)
+9. ``chunk_bwd_dqk``       dQ, dK (outputs and state), dW = -dv_new h_c^T, dG  (D tiles, chunks, B*H)
 10. ``wy_backward``        dV, dbeta, and the WY parts of dK, dG                   (chunks, B*H)
 11. ``chunk_cumsum(reverse)``  dg from dG
 

@@ -22,14 +22,14 @@ Backward (``_wy_bwd_kernel``), given ``dW`` and ``dU`` (= the gradient of ``v_ne
     with dAi = dW (beta gamma K)^T + dU (beta V)^T  and  dA = -(Ai^T dAi Ai^T), strictly lower.
 
 One program per chunk holds only ``[CHUNK, CHUNK]`` float32 tiles across its loops -- ``Ai``, the
-accumulators ``dAi`` and ``K K^T``, then ``dA`` -- and walks ``D`` in ``BLOCK_K``-wide key tiles (at most
-64 on a GPU, ``launch.key_block``): (1) key tiles: ``dAi = dW (beta gamma K)^T``, ``K K^T`` and the
-``Ai^T dW`` parts of ``dbeta``, ``dG``; (2) value tiles: ``dV`` and the ``dU`` part of ``dAi``; (3) key
-tiles again: ``dK``, recomputing ``Ai^T dW`` rather than holding it, added into the tensor the output
-backward wrote (the same program owns those rows: no atomics), as is ``dG``. Holding ``K``, ``dW``,
-``Ai^T dW`` and ``dK`` for all of ``D`` at once spilled registers (``scripts/kernel_resources.py``);
-so did 4 warps at chunk 64 (8 are launched there). All products with ``Ai`` or gradients run in
-float32 (tf32 on a GPU for half inputs).
+accumulators ``dAi`` and ``K K^T``, then ``dA`` -- and walks ``D`` in ``BLOCK_K``-wide key tiles (on a
+GPU at most 64 and at most the chunk, ``launch.key_block``): (1) key tiles: ``dAi = dW (beta gamma
+K)^T``, ``K K^T`` and the ``Ai^T dW`` parts of ``dbeta``, ``dG``; (2) value tiles: ``dV`` and the ``dU``
+part of ``dAi``; (3) key tiles again: ``dK``, recomputing ``Ai^T dW`` rather than holding it, added into
+the tensor the output backward wrote (the same program owns those rows: no atomics), as is ``dG``.
+Holding ``K``, ``dW``, ``Ai^T dW`` and ``dK`` for all of ``D`` at once spilled registers
+(``scripts/kernel_resources.py``); so did 4 warps at chunk 64 (8 are launched there). All products with
+``Ai`` or gradients run in float32 (tf32 on a GPU for half inputs).
 """
 
 from __future__ import annotations
@@ -194,7 +194,7 @@ def wy_backward(k, v, beta, G, Ai, dw, du, dk, dG, chunk_size: int, block_v=None
     if B * H * T == 0:
         return dv, dbeta
     _, p32 = precisions(k.dtype)
-    BLOCK_K = key_block(D, k.device, block_k)
+    BLOCK_K = key_block(D, k.device, block_k, widest=min(64, chunk_size))   # 64 at chunk 32 spilled (D 256)
     _wy_bwd_kernel[(num_chunks(T, chunk_size), B * H)](
         k, v, beta, G if G is not None else dbeta, Ai, dw, du, dk, dv, dbeta, dG if dG is not None else dbeta,
         T, D, DV, CHUNK=chunk_size, BLOCK_K=BLOCK_K, BLOCK_V=value_block(DV, D, k.device, block_v),
