@@ -70,16 +70,17 @@ def workloads(D: int, dtype: torch.dtype) -> dict:
         linear_chunk_forward(q, k, v, s0, scale=D ** -0.5, causal=causal)
         linear_chunk_backward(q, k, v, s0, do, dS, scale=D ** -0.5, causal=causal)
 
-    def delta(gated):
+    def delta(gated, only_dq=False):
         q, k, v, do = x(B, H, T, D), x(B, H, T, D), x(B, H, T, D), x(B, H, T, D)
         beta = x(B, H, T)
         g = x(B, H, T, dt=torch.float32) if gated else None
         s0, dS = x(B, H, D, D, dt=torch.float32), x(B, H, D, D, dt=torch.float32)
         _, _, saved = delta_rule_chunk_forward(q, k, v, beta, g, scale=D ** -0.5, initial_state=s0)
-        delta_rule_chunk_backward(q, k, v, beta, s0, saved, do, dS, scale=D ** -0.5, chunk_size=64)
+        delta_rule_chunk_backward(q, k, v, beta, s0, saved, do, dS, scale=D ** -0.5, chunk_size=64, only_dq=only_dq)
 
     return {"linear": lambda: linear(True), "linear non-causal": lambda: linear(False),
-            "delta": lambda: delta(False), "gated delta": lambda: delta(True)}
+            "delta": lambda: delta(False), "gated delta": lambda: delta(True),
+            "gated delta, dq only": lambda: delta(True, only_dq=True)}
 
 
 @contextlib.contextmanager

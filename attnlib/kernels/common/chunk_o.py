@@ -244,7 +244,7 @@ def chunk_bwd_dqk(q, k, v, h, do, *, dh=None, dvnew=None, G=None, scale: float, 
         T, D, DV, NT, float(scale),
         CHUNK=chunk_size, BLOCK_K=BLOCK_K, BLOCK_V=BLOCK_V, DELTA=delta, GATED=G is not None,
         NEED_DK=need_dk, P32=p32, num_stages=1,                                      # see launch.kernel_chunk
-        num_warps=8 if chunk_size >= 64 else 4)   # 4 warps at chunk 64 spill: scripts/kernel_resources.py
+        num_warps=8 if chunk_size >= 64 and need_dk else 4)   # 4 spill there: scripts/kernel_resources.py
     dG = None
     if dG_parts is not None:
         dG = dG_parts.select(0, 0) if NK == 1 else dG_parts.sum(0)                        # the key tiles' parts of dG
