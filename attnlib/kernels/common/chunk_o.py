@@ -12,9 +12,12 @@ with the diagonal; ``P = scale (Q K^T . Gamma . M)``, the score tile, always flo
   uses it for ``dQ, dK, dV``).
 * ``_bwd_dv_local_kernel``, same grid: ``dv_local = P^T dO``, the gradient of ``v`` through this
   chunk's own outputs.
-* ``_bwd_dqk_kernel``, grid ``(chunks, B * H)``: one program holds ``Q, K [CHUNK, BLOCK_D]`` and float32
-  accumulators ``dQ, dK (, dW) [CHUNK, BLOCK_D]`` and ``dP = dO v^T [CHUNK, CHUNK]``, and loops over the
-  value tiles, reading ``v, dO, h_c, dh = dL/dh_{c+1}`` (and ``dv_new``):
+* ``_bwd_dqk_kernel``, grid ``(cdiv(D, BLOCK_K), chunks, B * H)``: one program owns ``BLOCK_K`` key
+  columns (at most 64 on a GPU, ``launch.key_block``) of one chunk. It holds float32 accumulators
+  ``dQ, dK (, dW) [CHUNK, BLOCK_K]`` and ``dP = dO v^T [CHUNK, CHUNK]`` (every key tile recomputes
+  ``dP``: it needs all of ``Dv`` but no key column) and loops over the value tiles, reading
+  ``v, dO`` and the ``[BLOCK_K, BLOCK_V]`` tiles of ``h_c, dh = dL/dh_{c+1}`` (and ``dv_new``); it
+  loads its ``Q, K [CHUNK, BLOCK_K]`` columns only after that loop, so they are not live during it:
 
       dQ = scale (dO h_c^T) . exp(G) + (dP . scale Gamma . M) K
       dK = (v dh^T) . e + (dP . scale Gamma . M)^T Q                 (e_t = exp(g_last - G_t))
@@ -23,7 +26,10 @@ with the diagonal; ``P = scale (Q K^T . Gamma . M)``, the score tile, always flo
            + [t = last] (exp(g_last) sum(h_c . dh) + sum(dK_state . K))
 
   (``dQ_state``/``dK_state`` are the first terms of ``dQ``/``dK``). ``dG`` is the gradient of the
-  chunk-local gate cumsum; the gradient of ``g`` is its reverse cumsum (``cumsum.py``).
+  chunk-local gate cumsum; the gradient of ``g`` is its reverse cumsum (``cumsum.py``). Every term of
+  ``dG`` is a sum over key columns (``P`` is linear in ``Q K^T``), so each key tile writes its part to
+  ``[cdiv(D, BLOCK_K), B, H, T]`` and the wrapper adds the parts. Splitting ``D`` keeps fewer float32
+  tiles live: holding all of ``D = 128`` spilled registers (``scripts/kernel_resources.py``).
 
 Rows past ``T`` load as zero and are not stored.
 """
@@ -35,7 +41,7 @@ import triton
 import triton.language as tl
 
 from .chunk_tiles import chunk_gates, chunk_rows, decay_to_end, gate_ratio, load_chunk, store_chunk
-from .launch import dim_block, num_chunks, precisions, stages, value_block, warps
+from .launch import dim_block, key_block, num_chunks, precisions, stages, value_block, warps
 
 
 @triton.jit
@@ -94,38 +100,40 @@ def _bwd_dv_local_kernel(Q, K, G, DO, DV_OUT, T, D, DV, scale,
 @triton.jit
 def _bwd_dqk_kernel(Q, K, V, Hs, DHs, DVNEW, G, DO, DQ, DK, DW, DG,
                     T, D, DV, NT, scale,
-                    CHUNK: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr,
+                    CHUNK: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr,
                     DELTA: tl.constexpr, GATED: tl.constexpr, NEED_DK: tl.constexpr, P32: tl.constexpr):
-    c = tl.program_id(0)
-    bh = tl.program_id(1).to(tl.int64)
-    offs_c, offs_d, t, tmask, kd = chunk_rows(c, T, D, CHUNK, BLOCK_D)
-    dmask = offs_d < D
-    q = load_chunk(Q, bh, T, t, offs_d, D, kd).to(tl.float32)
-    k = load_chunk(K, bh, T, t, offs_d, D, kd).to(tl.float32)
-    dq = tl.zeros([CHUNK, BLOCK_D], dtype=tl.float32)
-    dk = tl.zeros([CHUNK, BLOCK_D], dtype=tl.float32)
-    dw = tl.zeros([CHUNK, BLOCK_D], dtype=tl.float32)
+    c = tl.program_id(1)
+    bh = tl.program_id(2).to(tl.int64)
+    offs_c, _, t, tmask, _ = chunk_rows(c, T, D, CHUNK, BLOCK_K)
+    offs_k = tl.program_id(0) * BLOCK_K + tl.arange(0, BLOCK_K)                  # this program's key columns
+    kmask = offs_k < D
+    kd = tmask[:, None] & kmask[None, :]
+    dq = tl.zeros([CHUNK, BLOCK_K], dtype=tl.float32)
+    dk = tl.zeros([CHUNK, BLOCK_K], dtype=tl.float32)
+    dw = tl.zeros([CHUNK, BLOCK_K], dtype=tl.float32)
     dp = tl.zeros([CHUNK, CHUNK], dtype=tl.float32)
-    hdh = tl.zeros([BLOCK_D], dtype=tl.float32)                                  # for sum(h_c . dh)
+    hdh = tl.zeros([BLOCK_K], dtype=tl.float32)                                  # for sum(h_c . dh)
     h_base = (bh * NT + c) * D * DV
     for v0 in range(0, DV, BLOCK_V):
         offs_v = v0 + tl.arange(0, BLOCK_V)
         vmask = offs_v < DV
         kv = tmask[:, None] & vmask[None, :]
-        hm = dmask[:, None] & vmask[None, :]
+        hm = kmask[:, None] & vmask[None, :]
         v = load_chunk(V, bh, T, t, offs_v, DV, kv).to(tl.float32)
         do = load_chunk(DO, bh, T, t, offs_v, DV, kv).to(tl.float32)
-        h = tl.load(Hs + h_base + offs_d[:, None] * DV + offs_v[None, :], mask=hm, other=0.0)
+        h = tl.load(Hs + h_base + offs_k[:, None] * DV + offs_v[None, :], mask=hm, other=0.0)
         dp += tl.dot(do, tl.trans(v), input_precision=P32)
         dq += tl.dot(do, tl.trans(h), input_precision=P32)
         if NEED_DK:
-            dh = tl.load(DHs + h_base + offs_d[:, None] * DV + offs_v[None, :], mask=hm, other=0.0)
+            dh = tl.load(DHs + h_base + offs_k[:, None] * DV + offs_v[None, :], mask=hm, other=0.0)
             dk += tl.dot(v, tl.trans(dh), input_precision=P32)
             if DELTA:
                 dvn = load_chunk(DVNEW, bh, T, t, offs_v, DV, kv)
                 dw -= tl.dot(dvn, tl.trans(h), input_precision=P32)
             if GATED:
                 hdh += tl.sum(h * dh, axis=1)
+    q = load_chunk(Q, bh, T, t, offs_k, D, kd).to(tl.float32)                    # loaded after the loop:
+    k = load_chunk(K, bh, T, t, offs_k, D, kd).to(tl.float32)                    # not live during it
     mask = (offs_c[:, None] >= offs_c[None, :]) & tmask[:, None]
     dq = dq * scale
     if GATED:
@@ -137,19 +145,19 @@ def _bwd_dqk_kernel(Q, K, V, Hs, DHs, DVNEW, G, DO, DQ, DK, DW, DG,
         if NEED_DK:
             dk = dk * decay_to_end(g, g_last, tmask)[:, None]
             dk_k = tl.sum(dk * k, axis=1)
-            r = ds * tl.dot(q, tl.trans(k), input_precision=P32)                # dP . P
+            r = ds * tl.dot(q, tl.trans(k), input_precision=P32)                # dP . P, this key tile's part
             dg += tl.sum(r, axis=1) - tl.sum(r, axis=0) - dk_k
             dg += tl.where(t == last, tl.sum(dk_k, axis=0) + tl.exp(g_last) * tl.sum(hdh, axis=0), 0.0)
-            tl.store(DG + bh * T + t, dg, mask=tmask)
+            tl.store(DG + (tl.program_id(0) * tl.num_programs(2) + bh) * T + t, dg, mask=tmask)
     else:
         ds = tl.where(mask, dp * scale, 0.0)
     dq += tl.dot(ds, k, input_precision=P32)
-    store_chunk(DQ, dq, bh, T, t, offs_d, D, kd)
+    store_chunk(DQ, dq, bh, T, t, offs_k, D, kd)
     if NEED_DK:
         dk += tl.dot(tl.trans(ds), q, input_precision=P32)
-        store_chunk(DK, dk, bh, T, t, offs_d, D, kd)
+        store_chunk(DK, dk, bh, T, t, offs_k, D, kd)
         if DELTA:
-            store_chunk(DW, dw, bh, T, t, offs_d, D, kd)
+            store_chunk(DW, dw, bh, T, t, offs_k, D, kd)
 
 
 def _grid_v(DV, D, T, chunk, BH, dev, block_v=None):
@@ -206,32 +214,38 @@ def chunk_bwd_dv_local(q, k, do, *, G=None, scale: float, chunk_size: int, block
 
 
 def chunk_bwd_dqk(q, k, v, h, do, *, dh=None, dvnew=None, G=None, scale: float, chunk_size: int,
-                  delta: bool = False, block_v=None):
+                  delta: bool = False, block_v=None, block_k=None):
     """``dQ`` (and, when ``dh`` is given, ``dK``, ``dW`` for the delta rule and ``dG`` with gates), float32.
 
     ``v``: the chunk values (``v_new`` for the delta rule); ``h``/``dh``: ``[B, H, NT, D, Dv]`` float32;
     ``dvnew``: ``[B, H, T, Dv]`` float32 (delta rule). Returns ``(dq, dk, dw, dG)`` (None where not computed).
+    ``block_v``/``block_k`` force the tile widths.
     """
     B, H, T, D = q.shape
     DV = v.shape[-1]
     NT = num_chunks(T, chunk_size)
     need_dk = dh is not None
     f32 = dict(device=q.device, dtype=torch.float32)
+    BLOCK_K = key_block(D, q.device, block_k)
+    NK = triton.cdiv(D, BLOCK_K)
     dq = torch.empty(B, H, T, D, **f32)
     dk = torch.empty(B, H, T, D, **f32) if need_dk else None
     dw = torch.empty(B, H, T, D, **f32) if need_dk and delta else None
-    dG = torch.empty(B, H, T, **f32) if need_dk and G is not None else None
+    dG_parts = torch.empty(NK, B, H, T, **f32) if need_dk and G is not None else None   # one per key tile
     if dq.numel() == 0:
-        return dq, dk, dw, dG
-    BLOCK_D = dim_block(D)
+        return dq, dk, dw, (dG_parts.sum(0) if dG_parts is not None else None)
     BLOCK_V = value_block(DV, D, q.device, block_v)
     _, p32 = precisions(q.dtype)
     dummy = dq
-    _bwd_dqk_kernel[(NT, B * H)](
+    _bwd_dqk_kernel[(NK, NT, B * H)](
         q, k, v, h, dh if dh is not None else dummy, dvnew if dvnew is not None else dummy,
         G if G is not None else dummy, do, dq, dk if dk is not None else dummy,
-        dw if dw is not None else dummy, dG if dG is not None else dummy,
+        dw if dw is not None else dummy, dG_parts if dG_parts is not None else dummy,
         T, D, DV, NT, float(scale),
-        CHUNK=chunk_size, BLOCK_D=BLOCK_D, BLOCK_V=BLOCK_V, DELTA=delta, GATED=G is not None,
-        NEED_DK=need_dk, P32=p32, num_warps=warps(chunk_size, BLOCK_D), num_stages=1)   # see launch.kernel_chunk
+        CHUNK=chunk_size, BLOCK_K=BLOCK_K, BLOCK_V=BLOCK_V, DELTA=delta, GATED=G is not None,
+        NEED_DK=need_dk, P32=p32, num_stages=1,                                      # see launch.kernel_chunk
+        num_warps=8 if chunk_size >= 64 and need_dk else 4)   # 4 spill there: scripts/kernel_resources.py
+    dG = None
+    if dG_parts is not None:
+        dG = dG_parts.select(0, 0) if NK == 1 else dG_parts.sum(0)                        # the key tiles' parts of dG
     return dq, dk, dw, dG

@@ -14,9 +14,9 @@ Reverse (``_bwd_dh_kernel``), with ``dh = dL/dh_{c+1}`` (starts at ``dS_T^T``) a
 gradient of ``v_new`` through the chunk's own outputs (see ``chunk_o.py``):
 
     store dh                                               (dL/dh_{c+1}, used by the dq/dk kernel)
-    dv_new = dv_local + (K_c . e) dh                       (the full gradient of v_new; for linear
+    dv_new = dv_local + e . (K_c dh)                       (the full gradient of v_new; for linear
                                                             attention this *is* dV)
-    dh <- exp(g_last) dh + scale (Q_c . exp(G))^T dO_c - W_c^T dv_new
+    dh <- exp(g_last) dh + Q_c^T (scale exp(G) . dO_c) - W_c^T dv_new
 
 and at the end ``dh = dL/dh_0``.
 
@@ -26,8 +26,11 @@ Tiling. The grid is ``(cdiv(Dv, BLOCK_V), B * H)``: one program owns one (batch,
 the chunks in order (reverse order for the gradient). ``BLOCK_D`` covers all of ``D``. Per chunk it
 loads ``[CHUNK, BLOCK_D]`` tiles of ``K`` (``Q``, ``W``) and ``[CHUNK, BLOCK_V]`` tiles of the values and
 writes one ``[BLOCK_D, BLOCK_V]`` tile of ``h`` (or ``dh``) and, for the delta rule, one
-``[CHUNK, BLOCK_V]`` tile of ``v_new`` (or ``dv_new``). Products with ``h`` run in float32 (tf32 on a
-GPU for half inputs): the state of a long sequence exceeds float16's range.
+``[CHUNK, BLOCK_V]`` tile of ``v_new`` (or ``dv_new``). The reverse pass loads each ``[CHUNK, BLOCK_D]``
+tile where it is used, applies the gates to the narrower ``[CHUNK, BLOCK_V]`` side, and on a GPU takes
+32 value columns (8 warps from D = 128): with 64, or with every input loaded up front, ptxas spilled
+registers (``scripts/kernel_resources.py``). Products with ``h`` run in float32 (tf32 on a GPU for
+half inputs): the state of a long sequence exceeds float16's range.
 """
 
 from __future__ import annotations
@@ -96,19 +99,21 @@ def _bwd_dh_kernel(Q, K, W, G, DO, DVL, DHT, DHs, DVNEW, DH0,
         store_chunk_state(DHs, dh, bh, NT, c, offs_d, offs_v, D, DV, hmask)
         _, _, t, tmask, kd = chunk_rows(c, T, D, CHUNK, BLOCK_D)
         kv = tmask[:, None] & (offs_v < DV)[None, :]
-        q = load_chunk(Q, bh, T, t, offs_d, D, kd).to(tl.float32)
+        # Each [CHUNK, BLOCK_D] input is loaded where it is used and dies there, and the gates scale
+        # the narrower [CHUNK, BLOCK_V] side: fewer tiles live at once (ptxas spilled otherwise).
         k = load_chunk(K, bh, T, t, offs_d, D, kd).to(tl.float32)
-        do = load_chunk(DO, bh, T, t, offs_v, DV, kv).to(tl.float32)
-        dv = load_chunk(DVL, bh, T, t, offs_v, DV, kv)
+        kdh = tl.dot(k, dh, input_precision=P32)                                 # K dh
         if GATED:
             g, g_last = chunk_gates(G, bh, T, c, t, tmask, CHUNK)
-            k = k * decay_to_end(g, g_last, tmask)[:, None]
-            q = q * tl.where(tmask, tl.exp(g), 0.0)[:, None]
-        dv += tl.dot(k, dh, input_precision=P32)                                # dv_new = dv_local + (K.e) dh
-        store_chunk(DVNEW, dv, bh, T, t, offs_v, DV, kv)
-        if GATED:
+            kdh = kdh * decay_to_end(g, g_last, tmask)[:, None]
             dh = dh * tl.exp(g_last)
-        dh += tl.dot(tl.trans(q), do, input_precision=P32) * scale               # + scale (Q.gamma)^T dO
+        dv = load_chunk(DVL, bh, T, t, offs_v, DV, kv) + kdh                     # dv_new = dv_local + (K.e) dh
+        store_chunk(DVNEW, dv, bh, T, t, offs_v, DV, kv)
+        do = load_chunk(DO, bh, T, t, offs_v, DV, kv).to(tl.float32) * scale
+        if GATED:
+            do = do * tl.where(tmask, tl.exp(g), 0.0)[:, None]
+        q = load_chunk(Q, bh, T, t, offs_d, D, kd).to(tl.float32)
+        dh += tl.dot(tl.trans(q), do, input_precision=P32)                        # + scale (Q.gamma)^T dO
         if DELTA:
             w = load_chunk(W, bh, T, t, offs_d, D, kd).to(tl.float32)
             dh -= tl.dot(tl.trans(w), dv, input_precision=P32)                  # - W^T dv_new
@@ -167,7 +172,7 @@ def chunk_bwd_dh(q, k, do, dv_local, *, w=None, G=None, dS=None, chunk_size: int
     if B * H == 0 or DV == 0 or D == 0:
         return dhs, dvnew.zero_(), dS0.zero_() if dS0 is not None else None
     dS = dS.to(torch.float32).contiguous() if dS is not None else None
-    BLOCK_D, BLOCK_V = dim_block(D), value_block(DV, D, dev, block_v)
+    BLOCK_D, BLOCK_V = dim_block(D), value_block(DV, D, dev, block_v, widest=32)
     _, p32 = precisions(q.dtype)
     dummy = dhs
     _bwd_dh_kernel[(triton.cdiv(DV, BLOCK_V), B * H)](
@@ -176,5 +181,5 @@ def chunk_bwd_dh(q, k, do, dv_local, *, w=None, G=None, dS=None, chunk_size: int
         T, D, DV, NT, float(scale),
         CHUNK=chunk_size, BLOCK_D=BLOCK_D, BLOCK_V=BLOCK_V, DELTA=w is not None, GATED=G is not None,
         USE_DHT=dS is not None, STORE_DH0=need_dh0, P32=p32,
-        num_warps=warps(BLOCK_D, BLOCK_V), num_stages=stages(dev))
+        num_warps=8 if BLOCK_D >= 128 else 4, num_stages=stages(dev))   # 4 at D 128 spill: scripts/kernel_resources.py
     return dhs, dvnew, dS0

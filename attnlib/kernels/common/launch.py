@@ -26,16 +26,29 @@ def dim_block(n: int) -> int:
     return max(MIN_DOT, triton.next_power_of_2(max(n, 1)))
 
 
-def value_block(dv: int, d: int, device: torch.device, override: int | None = None) -> int:
+def value_block(dv: int, d: int, device: torch.device, override: int | None = None, widest: int = 64) -> int:
     """Width of a value tile. Under the interpreter one tile takes all of Dv (fewer programs run
-    faster in numpy); on a GPU 64 columns (32 when the [D, BV] fp32 state tile would be 256 x 64).
+    faster in numpy); on a GPU ``widest`` columns (64; 32 for the reverse state pass, whose float32
+    tiles spilled registers at 64), and 32 when the [D, BV] fp32 state tile would be 256 x 64.
     ``override`` (a power of two >= 16) forces a width: tests use it to split Dv under the interpreter."""
     if override is not None:
         return override
     full = dim_block(dv)
     if device.type != "cuda":
         return full
-    return min(32 if d > 128 else 64, full)
+    return min(32 if d > 128 else widest, full)
+
+
+def key_block(d: int, device: torch.device, override: int | None = None, widest: int = 64) -> int:
+    """Width of a key tile, for the kernels that walk the head dimension ``D`` in tiles (the dq/dk and
+    WY backward kernels). On a GPU at most ``widest`` (64) columns: holding all of ``D = 128`` in
+    ``[CHUNK, D]`` float32 tiles made ptxas spill registers (``scripts/kernel_resources.py`` counts
+    them). Under the interpreter all of ``D`` (fewer, larger numpy operations). ``override`` as in
+    :func:`value_block`."""
+    if override is not None:
+        return override
+    full = dim_block(d)
+    return full if device.type != "cuda" else min(widest, full)
 
 
 def warps(*tile_sides: int) -> int:
@@ -72,11 +85,12 @@ def kernel_chunk(chunk_size: int, D: int) -> int:
     """The chunk the kernels actually use: ``chunk_size``, capped at 64 rows (32 when D > 128).
 
     The answer does not depend on the chunk (every chunk size computes the same recurrence), but the
-    backward kernels hold several ``[CHUNK, BLOCK_D]`` and ``[CHUNK, CHUNK]`` float32 tiles at once:
-    compiled for sm_90, ``_bwd_dqk_kernel`` and ``_wy_bwd_kernel`` need 131-197 KB of shared memory at
-    chunk 64 and D 128 (one pipeline stage), but 262-786 KB at chunk 64 / D 256 or chunk 128, beyond
-    the H100's 227 KB. The forward and the backward must use the same chunk (the backward reads the
-    forward's per-chunk inverses), so both call this.
+    kernels hold several ``[CHUNK, BLOCK]`` and ``[CHUNK, CHUNK]`` float32 tiles at once: when the
+    dq/dk and WY backward kernels held all of ``D``, compiled for sm_90 they needed 131-197 KB of
+    shared memory at chunk 64 and D 128 (one pipeline stage), but 262-786 KB at chunk 64 / D 256 or
+    chunk 128, beyond the H100's 227 KB (they now walk ``D`` in key tiles: ``scripts/kernel_resources.py``
+    reports today's figures). The forward and the backward must use the same chunk (the backward reads
+    the forward's per-chunk inverses), so both call this.
     """
     return min(chunk_size, 64, max(MIN_DOT, 64 * 128 // dim_block(D)))
 

@@ -18,7 +18,7 @@ Saved for the backward: the inputs, ``G`` and ``Ai``. The backward recomputes ``
 
 7. ``chunk_bwd_dv_local``  scale (Q K^T . Gamma . M)^T dO                         (Dv tiles, chunks, B*H)
 8. ``chunk_bwd_dh``        reverse state pass: dh per chunk, dv_new, dS_0          (Dv tiles, B*H), sequential
-9. ``chunk_bwd_dqk``       dQ, dK (outputs and state), dW = -dv_new h_c^T, dG      (chunks, B*H)
+9. ``chunk_bwd_dqk``       dQ, dK (outputs and state), dW = -dv_new h_c^T, dG  (D tiles, chunks, B*H)
 10. ``wy_backward``        dV, dbeta, and the WY parts of dK, dG                   (chunks, B*H)
 11. ``chunk_cumsum(reverse)``  dg from dG
 
@@ -64,7 +64,8 @@ def delta_rule_chunk_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
 def delta_rule_chunk_backward(q, k, v, beta, initial_state, saved, do, dS, *, scale: float, chunk_size: int,
                               only_dq: bool = False, need_state_grad: bool = True, block_v: int | None = None):
     """Gradients ``(dq, dk, dv, dbeta, dg, dS0)``, float32 (``dg`` None without gates; everything but
-    ``dq`` None with ``only_dq``; ``dS0`` None unless ``need_state_grad``)."""
+    ``dq`` None with ``only_dq``; ``dS0`` None unless ``need_state_grad``). ``block_v`` forces the width
+    of the value tiles and of the key tiles of the kernels that walk ``D`` in tiles."""
     require_device(q)
     G, Ai = saved
     chunk_size = Ai.shape[-1]                                  # the forward's (capped) chunk
@@ -73,13 +74,14 @@ def delta_rule_chunk_backward(q, k, v, beta, initial_state, saved, do, dS, *, sc
     w, u = recompute_w_u(k, v, beta, G, Ai, chunk_size, **bv)
     hs, vnew, _ = chunk_fwd_h(k, u, w=w, G=G, initial_state=initial_state, chunk_size=chunk_size, **bv)
     if only_dq:
-        dq, _, _, _ = chunk_bwd_dqk(q, k, vnew, hs, do, G=G, scale=scale, chunk_size=chunk_size, delta=True, **bv)
+        dq, _, _, _ = chunk_bwd_dqk(q, k, vnew, hs, do, G=G, scale=scale, chunk_size=chunk_size, delta=True,
+                                    block_k=block_v, **bv)
         return dq, None, None, None, None, None
     dvl = chunk_bwd_dv_local(q, k, do, G=G, scale=scale, chunk_size=chunk_size, **bv)
     dhs, dvnew, dS0 = chunk_bwd_dh(q, k, do, dvl, w=w, G=G, dS=dS, chunk_size=chunk_size, scale=scale,
                                    need_dh0=need_state_grad, **bv)
     dq, dk, dw, dG = chunk_bwd_dqk(q, k, vnew, hs, do, dh=dhs, dvnew=dvnew, G=G, scale=scale,
-                                   chunk_size=chunk_size, delta=True, **bv)
-    dv, dbeta = wy_backward(k, v, beta, G, Ai, dw, dvnew, dk, dG, chunk_size, **bv)
+                                   chunk_size=chunk_size, delta=True, block_k=block_v, **bv)
+    dv, dbeta = wy_backward(k, v, beta, G, Ai, dw, dvnew, dk, dG, chunk_size, block_k=block_v, **bv)
     dg = chunk_cumsum(dG, chunk_size, reverse=True) if G is not None else None
     return dq, dk, dv, dbeta, dg, dS0

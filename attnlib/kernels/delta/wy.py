@@ -21,9 +21,14 @@ Backward (``_wy_bwd_kernel``), given ``dW`` and ``dU`` (= the gradient of ``v_ne
     dG   += rowsum((Ai^T dW) . beta gamma K) + rowsum(dA . A) - colsum(dA . A)
     with dAi = dW (beta gamma K)^T + dU (beta V)^T  and  dA = -(Ai^T dAi Ai^T), strictly lower.
 
-One program holds ``Ai``, ``K``, ``K K^T`` and the ``[CHUNK, BLOCK_D]`` accumulators in registers, loops
-over value tiles for ``dV`` and the ``dU`` part of ``dAi``, and adds its ``dK`` and ``dG`` into the
-tensors the output backward wrote (the same program owns those rows: no atomics). All products with
+One program per chunk holds only ``[CHUNK, CHUNK]`` float32 tiles across its loops -- ``Ai``, the
+accumulators ``dAi`` and ``K K^T``, then ``dA`` -- and walks ``D`` in ``BLOCK_K``-wide key tiles (on a
+GPU at most 64 and at most the chunk, ``launch.key_block``): (1) key tiles: ``dAi = dW (beta gamma
+K)^T``, ``K K^T`` and the ``Ai^T dW`` parts of ``dbeta``, ``dG``; (2) value tiles: ``dV`` and the ``dU``
+part of ``dAi``; (3) key tiles again: ``dK``, recomputing ``Ai^T dW`` rather than holding it, added into
+the tensor the output backward wrote (the same program owns those rows: no atomics), as is ``dG``.
+Holding ``K``, ``dW``, ``Ai^T dW`` and ``dK`` for all of ``D`` at once spilled registers
+(``scripts/kernel_resources.py``); so did 4 warps at chunk 64 (8 are launched there). All products with
 ``Ai`` or gradients run in float32 (tf32 on a GPU for half inputs).
 """
 
@@ -34,7 +39,7 @@ import triton
 import triton.language as tl
 
 from ..common.chunk_tiles import chunk_rows, gate_ratio, load_chunk, store_chunk
-from ..common.launch import dim_block, num_chunks, precisions, stages, value_block, warps
+from ..common.launch import dim_block, key_block, num_chunks, precisions, stages, value_block, warps
 
 
 @triton.jit
@@ -56,7 +61,7 @@ def _kkt_kernel(K, BETA, G, A, T, D,
 @triton.jit
 def _chunk_ai_beta_k(Ai, BETA, K, bh, T, D, t, tmask, offs_c, offs_d, kd, CHUNK: tl.constexpr):
     """A chunk's ``(I + A)^{-1}`` tile ``[CHUNK, CHUNK]``, its ``beta [CHUNK]`` and ``K [CHUNK, BLOCK_D]``,
-    float32 (0 past ``T``): what the W/U recomputation and the WY backward both start from."""
+    float32 (0 past ``T``): what the W/U recomputation starts from."""
     ai = load_chunk(Ai, bh, T, t, offs_c, CHUNK, tmask[:, None])
     beta = tl.load(BETA + bh * T + t, mask=tmask, other=0.0).to(tl.float32)
     k = load_chunk(K, bh, T, t, offs_d, D, kd).to(tl.float32)
@@ -86,26 +91,33 @@ def _w_u_kernel(K, V, BETA, G, Ai, W, U, T, D, DV,
 
 @triton.jit
 def _wy_bwd_kernel(K, V, BETA, G, Ai, DW, DU, DK, DV_OUT, DBETA, DG, T, D, DV,
-                   CHUNK: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr,
+                   CHUNK: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr,
                    GATED: tl.constexpr, P32: tl.constexpr):
     bh = tl.program_id(1).to(tl.int64)
-    offs_c, offs_d, t, tmask, kd = chunk_rows(tl.program_id(0), T, D, CHUNK, BLOCK_D)
+    offs_c, _, t, tmask, _ = chunk_rows(tl.program_id(0), T, D, CHUNK, BLOCK_K)
     strict = (offs_c[:, None] > offs_c[None, :]) & tmask[:, None]
-    ai, beta, k = _chunk_ai_beta_k(Ai, BETA, K, bh, T, D, t, tmask, offs_c, offs_d, kd, CHUNK)
-    ait = tl.trans(ai)
-    dw = load_chunk(DW, bh, T, t, offs_d, D, kd)
-    kg = k
+    ait = tl.trans(load_chunk(Ai, bh, T, t, offs_c, CHUNK, tmask[:, None]))
+    beta = tl.load(BETA + bh * T + t, mask=tmask, other=0.0).to(tl.float32)
+    bg = beta                                                                     # beta gamma, per row
     if GATED:
         g = tl.load(G + bh * T + t, mask=tmask, other=0.0)
-        kg = k * tl.exp(g)[:, None]                                              # gamma . K
-    kbg = kg * beta[:, None]
-    dai = tl.dot(dw, tl.trans(kbg), input_precision=P32)                        # dW (beta gamma K)^T
-    tw = tl.dot(ait, dw, input_precision=P32)                                   # Ai^T dW
-    dk = tw * beta[:, None]
+        bg = beta * tl.exp(g)
+    dai = tl.zeros([CHUNK, CHUNK], dtype=tl.float32)
+    kk = tl.zeros([CHUNK, CHUNK], dtype=tl.float32)
+    dbeta = tl.zeros([CHUNK], dtype=tl.float32)
+    # 1. Key tiles: dAi = dW (beta gamma K)^T, K K^T, and the Ai^T dW parts of dbeta and dG.
+    for k0 in range(0, D, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        kd = tmask[:, None] & (offs_k < D)[None, :]
+        k = load_chunk(K, bh, T, t, offs_k, D, kd).to(tl.float32)
+        dw = load_chunk(DW, bh, T, t, offs_k, D, kd)
+        dai += tl.dot(dw, tl.trans(k * bg[:, None]), input_precision=P32)
+        kk += tl.dot(k, tl.trans(k), input_precision=P32)
+        dbeta += tl.sum(tl.dot(ait, dw, input_precision=P32) * k, axis=1)        # rowsum((Ai^T dW) . K)
+    dg = dbeta * bg                                                               # rowsum((Ai^T dW) . beta gamma K)
     if GATED:
-        dk = dk * tl.exp(g)[:, None]
-    dbeta = tl.sum(tw * kg, axis=1)
-    dg = tl.sum(tw * kbg, axis=1)
+        dbeta = dbeta * tl.exp(g)                                                 # rowsum((Ai^T dW) . gamma K)
+    # 2. Value tiles: dV = beta . (Ai^T dU), dAi += dU (beta V)^T.
     for v0 in range(0, DV, BLOCK_V):
         offs_v = v0 + tl.arange(0, BLOCK_V)
         kv = tmask[:, None] & (offs_v < DV)[None, :]
@@ -117,22 +129,26 @@ def _wy_bwd_kernel(K, V, BETA, G, Ai, DW, DU, DK, DV_OUT, DBETA, DG, T, D, DV,
         dbeta += tl.sum(tu * v, axis=1)
     da = -tl.dot(ait, tl.dot(dai, ait, input_precision=P32), input_precision=P32)
     da = tl.where(strict, da, 0.0)
-    kk = tl.dot(k, tl.trans(k), input_precision=P32)
     if GATED:
-        da_g = da * gate_ratio(g[:, None], g[None, :], strict)                  # dA . Gamma
-    else:
-        da_g = da
-    dbeta += tl.sum(da_g * kk, axis=1)
-    m = da_g * beta[:, None]
-    dk += tl.dot(m, k, input_precision=P32) + tl.dot(tl.trans(m), k, input_precision=P32)
-    dk += load_chunk(DK, bh, T, t, offs_d, D, kd)
-    store_chunk(DK, dk, bh, T, t, offs_d, D, kd)
+        da = da * gate_ratio(g[:, None], g[None, :], strict)                    # dA . Gamma
+    dbeta += tl.sum(da * kk, axis=1)
     tl.store(DBETA + bh * T + t, dbeta, mask=tmask)
+    m = da * beta[:, None]
     if GATED:
         r = m * kk                                                                # dA . A
         dg += tl.sum(r, axis=1) - tl.sum(r, axis=0)
         dg += tl.load(DG + bh * T + t, mask=tmask, other=0.0)
         tl.store(DG + bh * T + t, dg, mask=tmask)
+    # 3. Key tiles again: dK += beta gamma . (Ai^T dW) + M' K + M'^T K (Ai^T dW recomputed, not held).
+    for k0 in range(0, D, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        kd = tmask[:, None] & (offs_k < D)[None, :]
+        k = load_chunk(K, bh, T, t, offs_k, D, kd).to(tl.float32)
+        dw = load_chunk(DW, bh, T, t, offs_k, D, kd)
+        dk = load_chunk(DK, bh, T, t, offs_k, D, kd)
+        dk += tl.dot(ait, dw, input_precision=P32) * bg[:, None]
+        dk += tl.dot(m, k, input_precision=P32) + tl.dot(tl.trans(m), k, input_precision=P32)
+        store_chunk(DK, dk, bh, T, t, offs_k, D, kd)
 
 
 def chunk_scaled_dot_kkt(k, beta, G, chunk_size: int) -> torch.Tensor:
@@ -168,9 +184,9 @@ def recompute_w_u(k, v, beta, G, Ai, chunk_size: int, out_dtype=None, block_v=No
     return w, u
 
 
-def wy_backward(k, v, beta, G, Ai, dw, du, dk, dG, chunk_size: int, block_v=None):
+def wy_backward(k, v, beta, G, Ai, dw, du, dk, dG, chunk_size: int, block_v=None, block_k=None):
     """Backward of ``recompute_w_u`` and ``chunk_scaled_dot_kkt`` through ``Ai``. Adds into ``dk`` (and
-    ``dG``) in place; returns ``(dv, dbeta)``, float32."""
+    ``dG``) in place; returns ``(dv, dbeta)``, float32. ``block_v``/``block_k`` force the tile widths."""
     B, H, T, D = k.shape
     DV = v.shape[-1]
     dv = torch.empty(B, H, T, DV, device=k.device, dtype=torch.float32)
@@ -178,9 +194,10 @@ def wy_backward(k, v, beta, G, Ai, dw, du, dk, dG, chunk_size: int, block_v=None
     if B * H * T == 0:
         return dv, dbeta
     _, p32 = precisions(k.dtype)
-    BLOCK_D = dim_block(D)
+    BLOCK_K = key_block(D, k.device, block_k, widest=min(64, chunk_size))   # 64 at chunk 32 spilled (D 256)
     _wy_bwd_kernel[(num_chunks(T, chunk_size), B * H)](
         k, v, beta, G if G is not None else dbeta, Ai, dw, du, dk, dv, dbeta, dG if dG is not None else dbeta,
-        T, D, DV, CHUNK=chunk_size, BLOCK_D=BLOCK_D, BLOCK_V=value_block(DV, D, k.device, block_v),
-        GATED=G is not None, P32=p32, num_warps=warps(chunk_size, BLOCK_D), num_stages=1)   # see launch.kernel_chunk
+        T, D, DV, CHUNK=chunk_size, BLOCK_K=BLOCK_K, BLOCK_V=value_block(DV, D, k.device, block_v),
+        GATED=G is not None, P32=p32, num_stages=1,                      # see launch.kernel_chunk
+        num_warps=8 if chunk_size >= 64 else 4)   # 4 warps at chunk 64 spill: scripts/kernel_resources.py
     return dv, dbeta

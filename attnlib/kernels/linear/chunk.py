@@ -62,7 +62,8 @@ def linear_chunk_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 def linear_chunk_backward(q, k, v, initial_state, do, dS, *, scale: float = 1.0, causal: bool = True,
                           chunk_size: int = 64, need_state_grad: bool = True, block_v: int | None = None):
     """Gradients of ``linear_chunk_forward``: ``(dq, dk, dv, dS0)`` in float32 (``dS0`` None when
-    ``need_state_grad`` is False). ``do: [B, H, T, Dv]``, ``dS: [B, H, Dv, D]`` or None."""
+    ``need_state_grad`` is False). ``do: [B, H, T, Dv]``, ``dS: [B, H, Dv, D]`` or None. ``block_v``
+    forces the width of the value tiles and of the dq/dk kernel's key tiles."""
     require_device(q)
     q, k, v, do = q.contiguous(), k.contiguous(), v.contiguous(), do.contiguous()
     chunk_size = kernel_chunk(chunk_size, q.shape[-1])
@@ -72,7 +73,8 @@ def linear_chunk_backward(q, k, v, initial_state, do, dS, *, scale: float = 1.0,
         dvl = chunk_bwd_dv_local(q, k, do, scale=scale, chunk_size=chunk_size, **bv)
         dhs, dv, dS0 = chunk_bwd_dh(q, k, do, dvl, dS=dS, chunk_size=chunk_size, scale=scale,
                                     need_dh0=need_state_grad, **bv)
-        dq, dk, _, _ = chunk_bwd_dqk(q, k, v, hs, do, dh=dhs, scale=scale, chunk_size=chunk_size, **bv)
+        dq, dk, _, _ = chunk_bwd_dqk(q, k, v, hs, do, dh=dhs, scale=scale, chunk_size=chunk_size, block_k=block_v,
+                                     **bv)
         return dq, dk, dv, dS0
     # Non-causal: every output reads S_T, so dL/dS_T = dS + scale dO^T Q (one sum over time).
     _, _, S = chunk_fwd_h(k, v, initial_state=initial_state, chunk_size=chunk_size, store_h=False)

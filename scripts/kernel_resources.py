@@ -1,0 +1,232 @@
+"""Registers, spills and shared memory of every chunked Triton kernel, compiled for an H100 (sm_90)
+on the CPU. A compile-time resource report, not a timing: nothing runs on a GPU.
+
+How. The public wrappers (``linear_chunk_forward/backward``, ``delta_rule_chunk_forward/backward``)
+run under ``FakeTensorMode`` on a fake CUDA device, so every block size, warp count and stage count is
+the one they would choose on a GPU (``common/launch.py``). Each kernel launch is intercepted instead of
+run; its arguments go through Triton's own binder (the specialisation the JIT would make: pointer
+and integer divisibility by 16, integers equal to 1 as constants) and the kernel is compiled with
+``triton.compile`` for ``GPUTarget("cuda", 90, 32)``. Triton hands the PTX to its bundled ``ptxas -v``;
+we capture that log (``TRITON_DUMP_PTXAS_LOG``) for registers per thread and spill bytes, and read the
+shared memory Triton allocates from the compiled metadata.
+
+Run with TRITON_INTERPRET unset, from the repository root:
+
+    PYTHONPATH=$PWD python scripts/kernel_resources.py                       # D 64/128/256, bf16+fp16
+    PYTHONPATH=$PWD python scripts/kernel_resources.py --dims 128 --dtypes bf16 --kernels _bwd_dqk_kernel --no-save
+
+``--json-stdout`` prints the rows as one JSON line (``tests/test_kernel_registers.py`` reads it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import io
+import json
+import os
+import re
+import sys
+import tempfile
+from pathlib import Path
+
+os.environ.pop("TRITON_INTERPRET", None)          # before attnlib imports its kernels
+os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")          # the 3.9 default, without its warning
+os.environ["TRITON_ALWAYS_COMPILE"] = "1"                    # a cached kernel would skip ptxas and its log
+os.environ.setdefault("TRITON_CACHE_DIR", tempfile.mkdtemp(prefix="kernel-resources-"))   # always run ptxas
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
+from triton import knobs  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource, make_backend  # noqa: E402
+from triton.runtime.jit import JITFunction, create_function_from_signature  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+TARGET = GPUTarget("cuda", 90, 32)
+RESULT = ROOT / "benchmarks" / "results" / "kernel_resources.json"
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+SEQ_LEN = 4096                                    # the length the integers are specialised for (T % 16 == 0)
+
+
+# ----------------------------------------------------------------------------- what the wrappers launch
+
+def workloads(D: int, dtype: torch.dtype) -> dict:
+    """Forward and backward of each chunked mechanism at head dim ``D`` (Dv = D), as callables."""
+    from attnlib.kernels.delta.chunk import delta_rule_chunk_backward, delta_rule_chunk_forward
+    from attnlib.kernels.linear.chunk import linear_chunk_backward, linear_chunk_forward
+
+    B, H, T = 1, 1, SEQ_LEN
+    dev = torch.device("cuda")
+
+    def x(*shape, dt=dtype):
+        return torch.empty(*shape, device=dev, dtype=dt)
+
+    def linear(causal):
+        q, k, v, do = x(B, H, T, D), x(B, H, T, D), x(B, H, T, D), x(B, H, T, D)
+        s0, dS = x(B, H, D, D, dt=torch.float32), x(B, H, D, D, dt=torch.float32)
+        linear_chunk_forward(q, k, v, s0, scale=D ** -0.5, causal=causal)
+        linear_chunk_backward(q, k, v, s0, do, dS, scale=D ** -0.5, causal=causal)
+
+    def delta(gated, only_dq=False):
+        q, k, v, do = x(B, H, T, D), x(B, H, T, D), x(B, H, T, D), x(B, H, T, D)
+        beta = x(B, H, T)
+        g = x(B, H, T, dt=torch.float32) if gated else None
+        s0, dS = x(B, H, D, D, dt=torch.float32), x(B, H, D, D, dt=torch.float32)
+        _, _, saved = delta_rule_chunk_forward(q, k, v, beta, g, scale=D ** -0.5, initial_state=s0)
+        delta_rule_chunk_backward(q, k, v, beta, s0, saved, do, dS, scale=D ** -0.5, chunk_size=64, only_dq=only_dq)
+
+    return {"linear": lambda: linear(True), "linear non-causal": lambda: linear(False),
+            "delta": lambda: delta(False), "gated delta": lambda: delta(True),
+            "gated delta, dq only": lambda: delta(True, only_dq=True)}
+
+
+@contextlib.contextmanager
+def intercept_launches(sink: list):
+    """Record ``(kernel, args, kwargs)`` for every ``kernel[grid](...)`` instead of launching it."""
+    original, contiguous = JITFunction.run, torch.Tensor.contiguous
+
+    def record(self, *args, grid, warmup, **kwargs):
+        sink.append((self, args, kwargs))
+
+    def fake_contiguous(self, memory_format=torch.contiguous_format):
+        # A fake CUDA tensor's .contiguous() of a transposed view asks for a CUDA device; a clone does not.
+        return self if self.is_contiguous() else self.clone(memory_format=memory_format)
+
+    JITFunction.run, torch.Tensor.contiguous = record, fake_contiguous
+    try:
+        yield
+    finally:
+        JITFunction.run, torch.Tensor.contiguous = original, contiguous
+
+
+def _real(a):
+    """A small real CPU tensor standing in for a fake one (the binder reads its dtype and alignment)."""
+    return torch.empty(16, dtype=a.dtype) if isinstance(a, torch.Tensor) else a
+
+
+def launches(D: int, dtype: torch.dtype, names=None) -> list[dict]:
+    """Every distinct kernel specialisation the wrappers launch at ``D`` in ``dtype``."""
+    backend = make_backend(TARGET)
+    seen, out = {}, []
+    for workload, run in workloads(D, dtype).items():
+        sink: list = []
+        with FakeTensorMode(), intercept_launches(sink):
+            run()
+        for fn, args, kwargs in sink:
+            if names and fn.__name__ not in names:
+                continue
+            args = [_real(a) for a in args]
+            kwargs = {k: _real(v) for k, v in kwargs.items()}
+            kwargs.setdefault("debug", False)
+            kwargs["instrumentation_mode"] = knobs.compilation.instrumentation_mode
+            kwargs["fpsan_homomorphic_casts"] = knobs.compilation.fpsan_homomorphic_casts
+            binder = create_function_from_signature(fn.signature, fn.params, backend)
+            bound, spec, options = binder(*args, **kwargs)
+            options, signature, constexprs, attrs = fn._pack_args(backend, kwargs, bound, spec, options)
+            key = (fn.__name__, repr(sorted(signature.items())), repr(sorted(constexprs.items())),
+                   options.num_warps, options.num_stages)
+            if key in seen:
+                seen[key]["used_by"].append(workload)
+                continue
+            names_ = [p.name for p in fn.params]
+            consts = {names_[k[0]]: v for k, v in constexprs.items()}
+            entry = dict(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs, options=options,
+                         kernel=fn.__name__, consts=consts, used_by=[workload])
+            seen[key] = entry
+            out.append(entry)
+    return out
+
+
+# ----------------------------------------------------------------------------- compile and count
+
+PTXAS_SPILL = re.compile(r"(\d+) bytes spill stores, (\d+) bytes spill loads")
+PTXAS_REGS = re.compile(r"Used (\d+) registers")
+
+
+_COUNTED: dict = {}
+
+
+def compile_and_count(entry: dict) -> dict:
+    """Compile one launch for sm_90 and read ptxas's counts (memoised: the same specialisation recurs
+    across D, e.g. the triangular solve, and Triton would not run ptxas again for it)."""
+    key = (entry["kernel"], repr(sorted(entry["signature"].items())), repr(sorted(entry["constexprs"].items())),
+           repr(sorted(entry["options"].__dict__.items())))
+    if key not in _COUNTED:
+        _COUNTED[key] = _compile_and_count(entry)
+    return {**_COUNTED[key], "used_by": entry["used_by"]}
+
+
+def _compile_and_count(entry: dict) -> dict:
+    src = ASTSource(fn=entry["fn"], signature=entry["signature"], constexprs=entry["constexprs"],
+                    attrs=entry["attrs"])
+    log = io.StringIO()
+    knobs.nvidia.dump_ptxas_log = True
+    with contextlib.redirect_stdout(log):
+        ck = triton.compile(src, target=TARGET, options=entry["options"].__dict__)
+    text = log.getvalue()
+    regs, spill = PTXAS_REGS.search(text), PTXAS_SPILL.search(text)
+    if regs is None or spill is None:
+        raise RuntimeError(f"no ptxas -v report for {entry['kernel']} (was it cached?):\n{text[-2000:]}")
+    c = entry["consts"]
+    flags = [k for k, v in c.items() if v is True]
+    tiles = ("CHUNK", "BLOCK_D", "BLOCK_K", "BLOCK_V")
+    flags += [f"{k}={v}" for k, v in c.items() if type(v) is int and k not in tiles]
+    flags += [f"{k}={v}" for k, v in entry["signature"].items() if k in ("O", "V") and v == "*fp32"]
+    return {"kernel": entry["kernel"], "flags": flags,
+            "chunk": c.get("CHUNK"), "block_d": c.get("BLOCK_D", c.get("BLOCK_K")), "block_v": c.get("BLOCK_V"),
+            "num_warps": entry["options"].num_warps, "num_stages": entry["options"].num_stages,
+            "registers": int(regs.group(1)), "spill_store_bytes": int(spill.group(1)),
+            "spill_load_bytes": int(spill.group(2)), "shared_bytes": ck.metadata.shared}
+
+
+def report(dims, dtypes, names=None, progress=sys.stderr) -> list[dict]:
+    rows = []
+    for dt in dtypes:
+        for D in dims:
+            for entry in launches(D, DTYPES[dt], names):
+                row = {"D": D, "dtype": dt, **compile_and_count(entry)}
+                rows.append(row)
+                if progress:
+                    print(fmt_row(row), file=progress, flush=True)
+    return rows
+
+
+HEADER = (f"{'kernel':<22} {'flags':<36} {'D':>4} {'dtype':<5} {'chunk':>5} {'BD':>4} {'BV':>4} {'warps':>5} "
+          f"{'regs':>4} {'spill st/ld B':>14} {'smem B':>7}")
+
+
+def fmt_row(r: dict) -> str:
+    return (f"{r['kernel']:<22} {','.join(r['flags']):<36} {r['D']:>4} {r['dtype']:<5} {r['chunk'] or '-':>5} "
+            f"{r['block_d'] or '-':>4} {r['block_v'] or '-':>4} {r['num_warps']:>5} {r['registers']:>4} "
+            f"{str(r['spill_store_bytes']) + '/' + str(r['spill_load_bytes']):>14} {r['shared_bytes']:>7}")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--dims", type=int, nargs="+", default=[64, 128, 256])
+    ap.add_argument("--dtypes", nargs="+", default=["bf16", "fp16"], choices=sorted(DTYPES))
+    ap.add_argument("--kernels", default="", help="comma-separated kernel names (default: all)")
+    ap.add_argument("--no-save", action="store_true", help=f"do not write {RESULT.relative_to(ROOT)}")
+    ap.add_argument("--json-stdout", action="store_true", help="print the rows as one JSON line")
+    a = ap.parse_args(argv)
+    names = set(filter(None, a.kernels.split(",")))
+    print(HEADER, file=sys.stderr)
+    rows = report(a.dims, a.dtypes, names or None)
+    if a.json_stdout:
+        print(json.dumps(rows))
+    if not a.no_save:
+        RESULT.parent.mkdir(parents=True, exist_ok=True)
+        meta = {"what": "compile-time resources of the chunked kernels for sm_90 (ptxas -v), not a timing",
+                "target": "cuda sm_90 (H100), warp size 32", "triton": triton.__version__,
+                "torch": torch.__version__, "date": datetime.date.today().isoformat(),
+                "seq_len_specialised": SEQ_LEN, "rows": rows}
+        RESULT.write_text(json.dumps(meta, indent=1) + "\n")
+        print(f"wrote {RESULT.relative_to(ROOT)}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
