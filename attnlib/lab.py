@@ -22,6 +22,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+# where a Colab session fetches committed result files from (the repository the first cell installs)
+REPOSITORY_RAW = "https://raw.githubusercontent.com/attention-as-transport/attention-as-transport/main"
+
 
 @dataclass(frozen=True)
 class Lab:
@@ -60,6 +63,27 @@ class Lab:
         from IPython.display import HTML
 
         _glue(name, HTML(fig.to_html(full_html=False, include_plotlyjs=plotlyjs, auto_play=False)))
+
+    def result_file(self, relpath: str):
+        """A committed result file (e.g. ``benchmarks/results/x.json``) as parsed JSON, or None.
+
+        Looked up from the working directory upwards (a clone: the notebook runs in ``notebooks/``);
+        on Colab, where only the package is installed, fetched from the repository
+        (``REPOSITORY_RAW``). None when neither works, so a lab can say what it could not show."""
+        import json
+        from pathlib import Path
+
+        for d in (Path.cwd(), *Path.cwd().parents):
+            if (d / relpath).is_file():
+                return json.loads((d / relpath).read_text())
+        if self.on_colab:
+            import urllib.request
+            try:
+                with urllib.request.urlopen(f"{REPOSITORY_RAW}/{relpath}", timeout=20) as r:
+                    return json.loads(r.read())
+            except Exception:  # noqa: BLE001 - offline or moved: the lab reports it
+                return None
+        return None
 
     def seeds(self, n: int, offset: int = 0) -> list[int]:
         """``n`` seeds for an experiment repeated over seeds (mean and spread), derived from the lab's."""

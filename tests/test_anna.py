@@ -267,17 +267,76 @@ def test_anna_conditions_read_off_the_weights_equal_the_collision_criterion():
 
 
 def test_surrogate_trains_and_is_evaluated_with_softmax_or_anna():
-    from attnlib.experiments.anna import error_rate, train_surrogate
+    from attnlib.experiments.anna import SURROGATES, error_rate, train_surrogate
     for task in ("match2", "induction"):
-        model = train_surrogate(task, steps=3, seed=0, d=16, batch=4, N=12 if task == "induction" else None)
-        kw = dict(n=8, seed=1, N=12 if task == "induction" else None)
-        n_layers = len(model.attn)
-        e_soft = error_rate(model, task, **kw)
-        e_anna = error_rate(model, task, anna=[(2, 3, 5)] * n_layers, **kw)
-        assert 0 <= e_soft <= 1 and 0 <= e_anna <= 1
+        for surrogate in SURROGATES:
+            model = train_surrogate(task, steps=3, seed=0, d=16, batch=4, surrogate=surrogate,
+                                    N=12 if task == "induction" else None)
+            kw = dict(n=8, seed=1, N=12 if task == "induction" else None)
+            n_layers = len(model.attn)
+            e_soft = error_rate(model, task, **kw)
+            e_anna = error_rate(model, task, anna=[(2, 3, 5)] * n_layers, **kw)
+            assert 0 <= e_soft <= 1 and 0 <= e_anna <= 1
+            assert model.training                                      # evaluation restores the mode
     with pytest.raises(RuntimeError, match="not differentiable"):      # the layer refuses to train through ANNA
         layer = model.attn[0]
         layer(torch.randn(2, 12, 16), anna=(2, 3, 5))
+    with pytest.raises(ValueError, match="surrogate must be one of"):
+        train_surrogate("match2", steps=1, seed=0, surrogate="cosine")
+
+
+@given(st.integers(0, 2**31 - 1), st.integers(1, 8))
+@settings(max_examples=25, deadline=None)
+def test_simhash_limit_surrogate_is_the_many_table_limit_of_anna(seed, z):
+    """softmax of the surrogate's logits = p(theta)^z normalised per row: the weights ANNA tends to as
+    l -> infinity (chapter 5, "Many tables")."""
+    from attnlib.experiments.anna import surrogate_logits
+    g = torch.Generator().manual_seed(seed)
+    q = torch.nn.functional.normalize(torch.randn(5, 7, generator=g, **F64), dim=-1)
+    k = torch.nn.functional.normalize(torch.randn(9, 7, generator=g, **F64), dim=-1)
+    w = torch.softmax(surrogate_logits(q, k, "simhash_limit", n_bits=z), -1)
+    p = simhash_collision_probability(torch.arccos((q @ k.T).clamp(-1, 1)), z)
+    assert torch.allclose(w, p / p.sum(-1, keepdim=True), rtol=1e-6, atol=1e-12)
+
+
+def test_simhash_limit_surrogate_has_finite_gradients_at_identical_and_opposite_vectors():
+    from attnlib.experiments.anna import surrogate_logits
+    q = torch.tensor([[1.0, 0.0], [0.0, 1.0]], **F64, requires_grad=True)
+    k = torch.tensor([[1.0, 0.0], [-1.0, 0.0]], **F64)
+    surrogate_logits(q, k, "simhash_limit", n_bits=4).sum().backward()
+    assert torch.isfinite(q.grad).all()
+
+
+def test_partner_geometry_reads_a_model_whose_queries_are_their_partners_keys():
+    from attnlib.experiments.anna import TinyModel, match2_partner_geometry
+    M, d = 37, 40
+    model = TinyModel(M, 2, d, 1, causal=False, max_len=32)
+    with torch.no_grad():
+        model.emb.weight.copy_(torch.eye(M, d))
+        perm = (-torch.arange(M)) % M                                 # q(a) = e_a, k(b) = e_{-b}: partners coincide
+        model.attn[0].wq.weight.copy_(torch.eye(d))
+        wk = torch.zeros(d, d)
+        wk[perm, torch.arange(M)] = 1.0
+        model.attn[0].wk.weight.copy_(wk)
+    geo = match2_partner_geometry(model)
+    assert torch.allclose(geo["partner_cos"], torch.ones(M)) and geo["max_other_cos"].abs().max() < 1e-6
+
+
+def test_reproduction_summary_means_over_seeds_and_figure_has_one_frame_per_surrogate():
+    from attnlib.experiments.anna import summarise_reproduction
+    from attnlib.widgets.anna import reproduction_figure
+    rows = [dict(surrogate=s, seed=i, surrogate_error=0.1 * i, anna_error=[[0.5, 0.4], [0.3, 0.2 + 0.1 * i]],
+                 partner_cos_mean=0.9, max_other_cos_mean=0.3)
+            for s in ("softmax", "simhash_limit") for i in range(3)]
+    summ = summarise_reproduction({"rows": rows})
+    s = summ["softmax"]
+    assert s["n_seeds"] == 3 and s["surrogate_error"][0] == pytest.approx(0.1)
+    assert torch.allclose(s["anna_error_mean"], torch.tensor([[0.5, 0.4], [0.3, 0.3]], **F64))
+    # best z per l is taken per seed, then averaged: l=2 gives min(0.3, 0.2 + 0.1 i) = 0.2, 0.3, 0.3
+    assert torch.allclose(s["best_z_error_mean"], torch.tensor([0.4, 0.8 / 3], **F64))
+    fig = reproduction_figure(summ, [[32, 4], [64, 8]], [1, 2])
+    assert len(fig.frames) == 2 and len(fig.layout.sliders[0].steps) == 2
+    assert fig.data[0].x == ("32/4", "64/8")
 
 
 def test_plan_figure_has_one_frame_per_setting_and_anna_rows_sum_to_one_or_zero():

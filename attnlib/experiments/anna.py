@@ -186,29 +186,58 @@ def needle_miss_rate(n_trials: int, n_keys: int, D: int, *, theta: float, n_tabl
 
 
 # ----------------------------------------------------------------------------------------------
-# Training: the softmax surrogate, distilled into ANNA
+# Training: a differentiable surrogate, distilled into ANNA
 # ----------------------------------------------------------------------------------------------
 
-class SurrogateLayer(nn.Module):
-    """One attention layer whose softmax can be swapped for ANNA at evaluation.
+SURROGATES = ("softmax", "simhash_limit")
 
-    Training: ``softmax(beta q_hat k_hat^T) v`` with unit-norm ``q_hat, k_hat`` and a learned
-    temperature ``beta`` (the paper's surrogate). Evaluation with ``anna=(l, z, seed)``: the same
+
+def surrogate_logits(q: torch.Tensor, k: torch.Tensor, surrogate: str, *, beta: torch.Tensor | float = 1.0,
+                     n_bits: int = 4) -> torch.Tensor:
+    """Attention logits of a differentiable stand-in for ANNA, for unit-norm ``q, k [..., T, D]``.
+
+    * ``"softmax"`` (the paper's surrogate): ``beta * q k^T``.
+    * ``"simhash_limit"`` (ours): ``n_bits * log(1 - theta_ij / pi)``, the log of the probability that
+      ``q_i`` and ``k_j`` share a bucket of one SimHash table of ``n_bits`` bits. Its softmax is the
+      ``l -> infinity`` limit of ANNA's weights (chapter 5, "Many tables"), so the surrogate trains the
+      very kernel that ANNA samples with finitely many tables.
+    """
+    cos = q @ k.transpose(-1, -2)
+    if surrogate == "softmax":
+        return beta * cos
+    if surrogate == "simhash_limit":
+        # arccos has an infinite slope at +-1: keep the cosine a hair inside so gradients stay finite
+        theta = torch.arccos(cos.clamp(-1 + 1e-6, 1 - 1e-6))
+        return n_bits * torch.log1p(-theta / math.pi)
+    raise ValueError(f"surrogate must be one of {SURROGATES}; got {surrogate!r}")
+
+
+class SurrogateLayer(nn.Module):
+    """One attention layer trained through a differentiable surrogate, evaluated with ANNA.
+
+    Training: ``softmax(logits) v`` with unit-norm ``q_hat, k_hat`` and the logits of
+    ``surrogate_logits`` -- the paper's ``beta q_hat k_hat^T`` with a learned temperature ``beta``, or
+    our SimHash limit kernel at ``n_bits`` bits. Evaluation with ``anna=(l, z, seed)``: the same
     ``q_hat, k_hat, v`` through ``anna_attention`` (non-causal for Match2, causal for induction).
     """
 
-    def __init__(self, d: int, causal: bool):
+    def __init__(self, d: int, causal: bool, surrogate: str = "softmax", n_bits: int = 4):
         super().__init__()
+        if surrogate not in SURROGATES:
+            raise ValueError(f"surrogate must be one of {SURROGATES}; got {surrogate!r}")
         self.wq, self.wk, self.wv = (nn.Linear(d, d, bias=False) for _ in range(3))
-        self.log_beta = nn.Parameter(torch.tensor(math.log(8.0)))
-        self.causal = causal
+        self.log_beta = nn.Parameter(torch.tensor(math.log(8.0)), requires_grad=surrogate == "softmax")
+        self.causal, self.surrogate, self.n_bits = causal, surrogate, n_bits
+
+    def unit_qk(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``q_hat, k_hat [B, 1, T, d]``: the unit-norm queries and keys both ANNA and the surrogate see."""
+        return F.normalize(self.wq(h), dim=-1)[:, None], F.normalize(self.wk(h), dim=-1)[:, None]
 
     def forward(self, h: torch.Tensor, anna: tuple[int, int, int] | None = None) -> torch.Tensor:
-        q = F.normalize(self.wq(h), dim=-1)[:, None]                         # [B, 1, T, d]
-        k = F.normalize(self.wk(h), dim=-1)[:, None]
+        q, k = self.unit_qk(h)
         v = self.wv(h)[:, None]
         if anna is None:
-            s = self.log_beta.exp() * q @ k.transpose(-1, -2)
+            s = surrogate_logits(q, k, self.surrogate, beta=self.log_beta.exp(), n_bits=self.n_bits)
             if self.causal:
                 T = h.shape[1]
                 s = s.masked_fill(~torch.ones(T, T, dtype=torch.bool, device=h.device).tril(), float("-inf"))
@@ -222,47 +251,56 @@ class SurrogateLayer(nn.Module):
 class TinyModel(nn.Module):
     """Embedding (+ positions when causal), ``n_layers`` of [attention + MLP] with residuals, readout."""
 
-    def __init__(self, vocab: int, n_out: int, d: int, n_layers: int, causal: bool, max_len: int):
+    def __init__(self, vocab: int, n_out: int, d: int, n_layers: int, causal: bool, max_len: int,
+                 surrogate: str = "softmax", n_bits: int = 4):
         super().__init__()
         self.emb = nn.Embedding(vocab, d)
         self.pos = nn.Embedding(max_len, d) if causal else None
-        self.attn = nn.ModuleList(SurrogateLayer(d, causal) for _ in range(n_layers))
+        self.attn = nn.ModuleList(SurrogateLayer(d, causal, surrogate, n_bits) for _ in range(n_layers))
         self.mlp = nn.ModuleList(nn.Sequential(nn.LayerNorm(d), nn.Linear(d, 2 * d), nn.GELU(), nn.Linear(2 * d, d))
                                  for _ in range(n_layers))
         self.out = nn.Linear(d, n_out)
 
-    def forward(self, x: torch.Tensor, anna: list[tuple[int, int, int]] | None = None) -> torch.Tensor:
+    def embed(self, x: torch.Tensor) -> torch.Tensor:
         h = self.emb(x)
         if self.pos is not None:
             h = h + self.pos(torch.arange(x.shape[1], device=x.device))
+        return h
+
+    def forward(self, x: torch.Tensor, anna: list[tuple[int, int, int]] | None = None) -> torch.Tensor:
+        h = self.embed(x)
         for i, (a, m) in enumerate(zip(self.attn, self.mlp)):
             h = h + a(h, None if anna is None else anna[i])
             h = h + m(h)
         return self.out(h)
 
 
-def train_surrogate(task: str, *, steps: int, seed: int, d: int = 64, batch: int = 64, lr: float = 3e-3,
-                    device: str | torch.device = "cpu", N: int | None = None, k: int = 1,
-                    progress=None) -> TinyModel:
-    """Train the softmax surrogate on ``"match2"`` (one layer, N=32, M=37) or ``"induction"``
-    (``k``-hop, alphabet 4, two layers, N=100 by default). Fresh data every step from ``seed``."""
-    torch.manual_seed(seed)
+def _task(task: str, N: int | None, k: int):
+    """``(vocab, n_out, n_layers, causal, N, draw(n, seed))`` of a task."""
     if task == "match2":
         N = N or 32
-        model = TinyModel(37, 2, d, 1, causal=False, max_len=N)
-        draw = lambda s: match2(batch, N, 37, seed=s)  # noqa: E731
-    elif task == "induction":
+        return 37, 2, 1, False, N, lambda n, s: match2(n, N, 37, seed=s)
+    if task == "induction":
         N = N or 100
-        model = TinyModel(4, 5, d, 2, causal=True, max_len=N)
-        draw = lambda s: khop_induction(batch, N, k, 4, seed=s)  # noqa: E731
-    else:
-        raise ValueError(f"task must be 'match2' or 'induction'; got {task!r}")
-    model.to(device)
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+        return 4, 5, 2, True, N, lambda n, s: khop_induction(n, N, k, 4, seed=s)
+    raise ValueError(f"task must be 'match2' or 'induction'; got {task!r}")
+
+
+def train_surrogate(task: str, *, steps: int, seed: int, surrogate: str = "softmax", n_bits: int = 4, d: int = 64,
+                    batch: int = 64, lr: float = 3e-3, device: str | torch.device = "cpu", N: int | None = None,
+                    k: int = 1, progress=None) -> TinyModel:
+    """Train a surrogate model on ``"match2"`` (one layer, N=32, M=37) or ``"induction"`` (``k``-hop,
+    alphabet 4, two layers, N=100 by default): AdamW with a one-cycle schedule, fresh data every step,
+    every random choice from ``seed``. ``surrogate`` and ``n_bits`` as in ``surrogate_logits``."""
+    vocab, n_out, n_layers, causal, N, draw = _task(task, N, k)
+    torch.manual_seed(seed)
+    model = TinyModel(vocab, n_out, d, n_layers, causal=causal, max_len=N, surrogate=surrogate,
+                      n_bits=n_bits).to(device)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=0.0)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=steps, pct_start=0.1)
-    it = range(steps) if progress is None else progress(range(steps))
+    it = range(steps) if progress is None else progress(range(steps), desc=f"{task}, {surrogate}", leave=False)
     for s in it:
-        x, y = draw(1_000_003 * seed + s)
+        x, y = draw(batch, 1_000_003 * seed + s)
         loss = F.cross_entropy(model(x.to(device)).flatten(0, 1), y.to(device).flatten())
         opt.zero_grad()
         loss.backward()
@@ -274,9 +312,69 @@ def train_surrogate(task: str, *, steps: int, seed: int, d: int = 64, batch: int
 @torch.no_grad()
 def error_rate(model: TinyModel, task: str, *, n: int, seed: int, anna: list[tuple[int, int, int]] | None = None,
                device: str | torch.device = "cpu", N: int | None = None, k: int = 1) -> float:
-    """Per-token error of ``model`` on fresh data (softmax, or ANNA with per-layer ``(l, z, seed)``)."""
+    """Per-token error of ``model`` on fresh data (its surrogate, or ANNA with per-layer ``(l, z, seed)``)."""
+    *_, draw = _task(task, N, k)
+    was_training = model.training
     model.eval()
-    x, y = match2(n, N or 32, 37, seed=seed) if task == "match2" else khop_induction(n, N or 100, k, 4, seed=seed)
+    x, y = draw(n, seed)
     pred = model(x.to(device), anna).argmax(-1).cpu()
-    model.train()
+    model.train(was_training)
     return (pred != y).double().mean().item()
+
+
+@torch.no_grad()
+def match2_partner_geometry(model: TinyModel) -> dict:
+    """Where a one-layer Match2 model put its unit queries and keys: for each symbol ``a``, the cosine
+    between ``q_hat(a)`` and its partner's key ``k_hat(-a mod M)``, and the largest cosine with any other
+    symbol's key. LSH separates the partner only if the first is well above the second."""
+    if len(model.attn) != 1 or model.pos is not None:
+        raise ValueError("match2_partner_geometry needs a one-layer Match2 model without positions")
+    M = model.emb.num_embeddings
+    q, k = model.attn[0].unit_qk(model.emb.weight[None])
+    cos = (q @ k.transpose(-1, -2))[0, 0]
+    a = torch.arange(M, device=cos.device)
+    partner = cos[a, (-a) % M]
+    others = cos.clone()
+    others[a, (-a) % M] = -float("inf")
+    return dict(partner_cos=partner.cpu(), max_other_cos=others.max(-1).values.cpu())
+
+
+def anna_error_grid(model: TinyModel, task: str, ls, zs, *, n: int, seed: int, n_hash_seeds: int = 2,
+                    device: str | torch.device = "cpu", N: int | None = None, k: int = 1) -> torch.Tensor:
+    """``[len(ls), len(zs)]`` error of the model distilled into ANNA: every attention layer replaced by
+    ``anna_attention`` with ``n_tables = l`` (``ls`` holds one ``l`` per layer as a tuple when the
+    model has several layers) and ``n_bits = z``; averaged over ``n_hash_seeds`` draws of the tables."""
+    out = torch.zeros(len(ls), len(zs), dtype=torch.float64)
+    for a, l in enumerate(ls):
+        per_layer = l if isinstance(l, tuple) else (l,) * len(model.attn)
+        for b, z in enumerate(zs):
+            errs = [error_rate(model, task, n=n, seed=seed, device=device, N=N, k=k,
+                               anna=[(li, z, seed + 7919 * h + 104729 * i) for i, li in enumerate(per_layer)])
+                    for h in range(n_hash_seeds)]
+            out[a, b] = sum(errs) / len(errs)
+    return out
+
+
+def summarise_reproduction(doc: dict) -> dict:
+    """Mean and standard deviation over seeds of a reproduction run (the JSON that
+    ``scripts/anna_reproduction.py`` writes, or the same structure built in a lab), per surrogate:
+    ``surrogate_error`` and ``anna_error`` (``[len(ls), len(zs)]``), ``best_z_error`` (per ``l``, the
+    best ``z`` of each seed's grid, then mean and std), and the seeds counted."""
+    out = {}
+    for surrogate in SURROGATES:
+        rows = [r for r in doc["rows"] if r["surrogate"] == surrogate]
+        if not rows:
+            continue
+        grid = torch.tensor([r["anna_error"] for r in rows], dtype=torch.float64)      # [seeds, ls, zs]
+        soft = torch.tensor([r["surrogate_error"] for r in rows], dtype=torch.float64)
+        best = grid.min(-1).values                                                    # [seeds, ls]
+        sd = (lambda t: t.std(0) if len(rows) > 1 else torch.zeros_like(t[0]))        # noqa: E731
+        out[surrogate] = dict(n_seeds=len(rows), surrogate_error=(soft.mean().item(), sd(soft).item()),
+                              anna_error_mean=grid.mean(0), anna_error_std=sd(grid),
+                              best_z_error_mean=best.mean(0), best_z_error_std=sd(best))
+        if "partner_cos_mean" in rows[0]:
+            pc = torch.tensor([r["partner_cos_mean"] for r in rows], dtype=torch.float64)
+            oc = torch.tensor([r["max_other_cos_mean"] for r in rows], dtype=torch.float64)
+            out[surrogate].update(partner_cos=(pc.mean().item(), sd(pc).item()),
+                                  max_other_cos=(oc.mean().item(), sd(oc).item()))
+    return out
