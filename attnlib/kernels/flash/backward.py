@@ -24,8 +24,9 @@ masked (loads past the end read zeros, and rows past ``Tq`` get ``lse = +inf``, 
 Causal tiling needs ``BLOCK_N`` a multiple of ``BLOCK_M`` in the dK/dV kernel and ``BLOCK_M`` a multiple
 of ``BLOCK_N`` in the dQ kernel, so that the diagonal stage starts on a tile boundary.
 
-Tiles are autotuned on a GPU (configurations pruned to shared memory; keyed like the forward) and
-fixed and small under the interpreter.
+Tiles are autotuned on a GPU (configurations pruned to shared memory and, in half precision, to those
+that spill no registers at the call's head width; keyed like the forward) and fixed and small under
+the interpreter.
 """
 
 from __future__ import annotations
@@ -159,8 +160,8 @@ _DQ_CONFIGS = _configs([(128, 32, 8, 3), (128, 32, 4, 3), (128, 64, 8, 2), (64, 
 # Register spills measured with ptxas -v for sm_90, fp16 = bf16 (scripts/kernel_resources.py
 # --every-config): configuration -> the narrowest head block at which it spills (``forward.spills``).
 # dK/dV holds k, v and the fp32 dk, dv [BLOCK_N, D] for the whole program:
-#   32 x 128, 4 warps: 44 B of spill stores at D = 64 (causal), 2.1-2.9 KB at 128 (its 8-warp twin:
-#     168-175 registers at 64, 239 at 128, no spill);
+#   32 x 128, 4 warps: 220 registers at D = 32, 44 B of spill stores at 64 (causal), 2.1-2.9 KB at 128
+#     (its 8-warp twin: 168-175 registers at 64, 239 at 128, no spill);
 #   64 x 128, 8 warps, 2 stages: 40-140 B at D = 128;
 #   at D = 256 every candidate that fits the budget (32 x 64 8 warps: 260-448 B, 16 x 64: 3.2-4.2 KB;
 #     32 x 128 8 warps: 3.2-4.2 KB) -- only the fallback (16 x 32, one stage, 232-237 registers) is left.
