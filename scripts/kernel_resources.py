@@ -1,19 +1,27 @@
-"""Registers, spills and shared memory of every chunked Triton kernel, compiled for an H100 (sm_90)
-on the CPU. A compile-time resource report, not a timing: nothing runs on a GPU.
+"""Registers, spills and shared memory of the chunked, flash and block-sparse Triton kernels, compiled
+for an H100 (sm_90) on the CPU. A compile-time resource report, not a timing: nothing runs on a GPU.
 
-How. The public wrappers (``linear_chunk_forward/backward``, ``delta_rule_chunk_forward/backward``)
-run under ``FakeTensorMode`` on a fake CUDA device, so every block size, warp count and stage count is
-the one they would choose on a GPU (``common/launch.py``). Each kernel launch is intercepted instead of
-run; its arguments go through Triton's own binder (the specialisation the JIT would make: pointer
-and integer divisibility by 16, integers equal to 1 as constants) and the kernel is compiled with
+How. The public wrappers (``linear_chunk_forward/backward``, ``delta_rule_chunk_forward/backward``,
+``flash_attention_forward/backward``, ``block_sparse_attention_forward/backward``) run under
+``FakeTensorMode`` on a fake CUDA device, so every block size, warp count and stage count is the one
+they would choose on a GPU (``common/launch.py``). Each kernel launch is intercepted instead of run;
+its arguments go through Triton's own binder (the specialisation the JIT would make: pointer and
+integer divisibility by 16, integers equal to 1 as constants) and the kernel is compiled with
 ``triton.compile`` for ``GPUTarget("cuda", 90, 32)``. Triton hands the PTX to its bundled ``ptxas -v``;
 we capture that log (``TRITON_DUMP_PTXAS_LOG``) for registers per thread and spill bytes, and read the
 shared memory Triton allocates from the compiled metadata.
+
+Autotuned kernels (the flash forward and backward) would benchmark on a GPU. Here the autotuner's
+launch is intercepted too: its ``early_config_prune`` hook runs (with the real arguments: D, dtype) and
+every configuration it keeps -- any of which the autotuner may pick -- is captured as its own launch.
+``--every-config`` skips the hook and captures the whole ``configs`` list (to see what the hook removes).
+The block-sparse wrappers are run with ``block_size`` 128, the largest tiles they launch.
 
 Run with TRITON_INTERPRET unset, from the repository root:
 
     PYTHONPATH=$PWD python scripts/kernel_resources.py                       # D 64/128/256, bf16+fp16
     PYTHONPATH=$PWD python scripts/kernel_resources.py --dims 128 --dtypes bf16 --kernels _bwd_dqk_kernel --no-save
+    PYTHONPATH=$PWD python scripts/kernel_resources.py --kernels _flash_fwd_kernel --every-config --no-save
 
 ``--json-stdout`` prints the rows as one JSON line (``tests/test_kernel_registers.py`` reads it).
 """
@@ -42,20 +50,25 @@ from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
 from triton import knobs  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource, make_backend  # noqa: E402
+from triton.runtime.autotuner import Autotuner  # noqa: E402
 from triton.runtime.jit import JITFunction, create_function_from_signature  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 TARGET = GPUTarget("cuda", 90, 32)
 RESULT = ROOT / "benchmarks" / "results" / "kernel_resources.json"
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 SEQ_LEN = 4096                                    # the length the integers are specialised for (T % 16 == 0)
+BLOCK_SIZE = 128                                  # the block-sparse mask's block: the widest kernel tiles
 
 
 # ----------------------------------------------------------------------------- what the wrappers launch
 
 def workloads(D: int, dtype: torch.dtype) -> dict:
-    """Forward and backward of each chunked mechanism at head dim ``D`` (Dv = D), as callables."""
+    """Forward and backward of each chunked, flash and block-sparse mechanism at head dim ``D`` (Dv = D),
+    as callables."""
+    from attnlib.kernels.block_sparse import block_sparse_attention_backward, block_sparse_attention_forward
     from attnlib.kernels.delta.chunk import delta_rule_chunk_backward, delta_rule_chunk_forward
+    from attnlib.kernels.flash import flash_attention_backward, flash_attention_forward
     from attnlib.kernels.linear.chunk import linear_chunk_backward, linear_chunk_forward
 
     B, H, T = 1, 1, SEQ_LEN
@@ -78,28 +91,56 @@ def workloads(D: int, dtype: torch.dtype) -> dict:
         _, _, saved = delta_rule_chunk_forward(q, k, v, beta, g, scale=D ** -0.5, initial_state=s0)
         delta_rule_chunk_backward(q, k, v, beta, s0, saved, do, dS, scale=D ** -0.5, chunk_size=64, only_dq=only_dq)
 
+    # Two heads: with one, the JIT would specialise ``H = 1`` away (the chunked kernels take no H).
+    def attention(B=1, H=2):
+        return x(B, H, T, D), x(B, H, T, D), x(B, H, T, D), x(B, H, T, D), x(B, H, T, dt=torch.float32)
+
+    def flash(causal):
+        q, k, v, do, dlse = attention()
+        o, lse = flash_attention_forward(q, k, v, scale=D ** -0.5, causal=causal)
+        flash_attention_backward(q, k, v, o, lse, do, dlse, scale=D ** -0.5, causal=causal)
+
+    def block_sparse(causal):
+        q, k, v, do, dlse = attention()
+        n = T // BLOCK_SIZE
+        mask = torch.empty(q.shape[1], n, n, device=dev, dtype=torch.bool)
+        kw = dict(block_size=BLOCK_SIZE, scale=D ** -0.5, causal=causal)
+        o, lse = block_sparse_attention_forward(q, k, v, mask, **kw)
+        block_sparse_attention_backward(q, k, v, o, lse, do, dlse, mask, **kw)
+
     return {"linear": lambda: linear(True), "linear non-causal": lambda: linear(False),
             "delta": lambda: delta(False), "gated delta": lambda: delta(True),
-            "gated delta, dq only": lambda: delta(True, only_dq=True)}
+            "gated delta, dq only": lambda: delta(True, only_dq=True),
+            "flash": lambda: flash(True), "flash non-causal": lambda: flash(False),
+            "block-sparse": lambda: block_sparse(True), "block-sparse non-causal": lambda: block_sparse(False)}
 
 
 @contextlib.contextmanager
-def intercept_launches(sink: list):
-    """Record ``(kernel, args, kwargs)`` for every ``kernel[grid](...)`` instead of launching it."""
-    original, contiguous = JITFunction.run, torch.Tensor.contiguous
+def intercept_launches(sink: list, every_config: bool = False):
+    """Record ``(kernel, args, kwargs)`` for every ``kernel[grid](...)`` instead of launching it. An
+    autotuned kernel is recorded once per candidate configuration: those its ``early_config_prune``
+    keeps for these arguments, or all of its ``configs`` with ``every_config``."""
+    original, contiguous, autotuned = JITFunction.run, torch.Tensor.contiguous, Autotuner.run
 
     def record(self, *args, grid, warmup, **kwargs):
         sink.append((self, args, kwargs))
+
+    def record_candidates(self, *args, **kwargs):
+        self.nargs = dict(zip(self.arg_names, args))
+        candidates = self.configs if every_config else self.prune_configs(kwargs)
+        for config in candidates:
+            self.fn.run(*args, **kwargs, **config.all_kwargs())
+        self.nargs = None
 
     def fake_contiguous(self, memory_format=torch.contiguous_format):
         # A fake CUDA tensor's .contiguous() of a transposed view asks for a CUDA device; a clone does not.
         return self if self.is_contiguous() else self.clone(memory_format=memory_format)
 
-    JITFunction.run, torch.Tensor.contiguous = record, fake_contiguous
+    JITFunction.run, torch.Tensor.contiguous, Autotuner.run = record, fake_contiguous, record_candidates
     try:
         yield
     finally:
-        JITFunction.run, torch.Tensor.contiguous = original, contiguous
+        JITFunction.run, torch.Tensor.contiguous, Autotuner.run = original, contiguous, autotuned
 
 
 def _real(a):
@@ -107,13 +148,16 @@ def _real(a):
     return torch.empty(16, dtype=a.dtype) if isinstance(a, torch.Tensor) else a
 
 
-def launches(D: int, dtype: torch.dtype, names=None) -> list[dict]:
-    """Every distinct kernel specialisation the wrappers launch at ``D`` in ``dtype``."""
+def launches(D: int, dtype: torch.dtype, names=None, every_config: bool = False, only=None) -> list[dict]:
+    """Every distinct kernel specialisation the wrappers launch at ``D`` in ``dtype`` (for an autotuned
+    kernel: every candidate configuration, see :func:`intercept_launches`); ``only``: these workloads."""
     backend = make_backend(TARGET)
     seen, out = {}, []
     for workload, run in workloads(D, dtype).items():
+        if only and workload not in only:
+            continue
         sink: list = []
-        with FakeTensorMode(), intercept_launches(sink):
+        with FakeTensorMode(), intercept_launches(sink, every_config):
             run()
         for fn, args, kwargs in sink:
             if names and fn.__name__ not in names:
@@ -172,21 +216,37 @@ def _compile_and_count(entry: dict) -> dict:
         raise RuntimeError(f"no ptxas -v report for {entry['kernel']} (was it cached?):\n{text[-2000:]}")
     c = entry["consts"]
     flags = [k for k, v in c.items() if v is True]
-    tiles = ("CHUNK", "BLOCK_D", "BLOCK_K", "BLOCK_V")
+    tiles = ("CHUNK", "BLOCK_D", "BLOCK_K", "BLOCK_V", "BLOCK_DV")    # BLOCK_M, BLOCK_N, BS: in the flags
     flags += [f"{k}={v}" for k, v in c.items() if type(v) is int and k not in tiles]
     flags += [f"{k}={v}" for k, v in entry["signature"].items() if k in ("O", "V") and v == "*fp32"]
     return {"kernel": entry["kernel"], "flags": flags,
-            "chunk": c.get("CHUNK"), "block_d": c.get("BLOCK_D", c.get("BLOCK_K")), "block_v": c.get("BLOCK_V"),
+            "chunk": c.get("CHUNK"), "block_d": c.get("BLOCK_D", c.get("BLOCK_K")),
+            "block_v": c.get("BLOCK_V", c.get("BLOCK_DV")),
             "num_warps": entry["options"].num_warps, "num_stages": entry["options"].num_stages,
             "registers": int(regs.group(1)), "spill_store_bytes": int(spill.group(1)),
             "spill_load_bytes": int(spill.group(2)), "shared_bytes": ck.metadata.shared}
 
 
-def report(dims, dtypes, names=None, progress=sys.stderr) -> list[dict]:
+def _launch_shape(entry: dict) -> tuple:
+    """A launch up to its head width: kernel, constants other than the head tiles, warps and stages."""
+    consts = {k: v for k, v in entry["consts"].items() if k not in ("BLOCK_D", "BLOCK_DV", "BLOCK_K", "BLOCK_V")}
+    return entry["kernel"], repr(sorted(consts.items())), entry["options"].num_warps, entry["options"].num_stages
+
+
+def report(dims, dtypes, names=None, progress=sys.stderr, every_config: bool = False, only=None,
+           widest_only: bool = False) -> list[dict]:
+    """Compile and count every launch. ``widest_only``: a launch that recurs at several head widths
+    (the same autotuning candidate kept at D 64 and 128) is compiled at the widest only -- the
+    registers of a configuration never fell when D shrank, in every row of the saved report."""
     rows = []
     for dt in dtypes:
-        for D in dims:
-            for entry in launches(D, DTYPES[dt], names):
+        done = set()
+        for D in sorted(dims, reverse=widest_only):
+            for entry in launches(D, DTYPES[dt], names, every_config, only):
+                if widest_only:
+                    if _launch_shape(entry) in done:
+                        continue
+                    done.add(_launch_shape(entry))
                 row = {"D": D, "dtype": dt, **compile_and_count(entry)}
                 rows.append(row)
                 if progress:
@@ -194,13 +254,14 @@ def report(dims, dtypes, names=None, progress=sys.stderr) -> list[dict]:
     return rows
 
 
-HEADER = (f"{'kernel':<22} {'flags':<36} {'D':>4} {'dtype':<5} {'chunk':>5} {'BD':>4} {'BV':>4} {'warps':>5} "
-          f"{'regs':>4} {'spill st/ld B':>14} {'smem B':>7}")
+HEADER = (f"{'kernel':<29} {'flags':<40} {'D':>4} {'dtype':<5} {'chunk':>5} {'BD':>4} {'BV':>4} {'warps':>5} "
+          f"{'stages':>6} {'regs':>4} {'spill st/ld B':>14} {'smem B':>7}")
 
 
 def fmt_row(r: dict) -> str:
-    return (f"{r['kernel']:<22} {','.join(r['flags']):<36} {r['D']:>4} {r['dtype']:<5} {r['chunk'] or '-':>5} "
-            f"{r['block_d'] or '-':>4} {r['block_v'] or '-':>4} {r['num_warps']:>5} {r['registers']:>4} "
+    return (f"{r['kernel']:<29} {','.join(r['flags']):<40} {r['D']:>4} {r['dtype']:<5} {r['chunk'] or '-':>5} "
+            f"{r['block_d'] or '-':>4} {r['block_v'] or '-':>4} {r['num_warps']:>5} {r['num_stages']:>6} "
+            f"{r['registers']:>4} "
             f"{str(r['spill_store_bytes']) + '/' + str(r['spill_load_bytes']):>14} {r['shared_bytes']:>7}")
 
 
@@ -211,18 +272,26 @@ def main(argv=None) -> int:
     ap.add_argument("--kernels", default="", help="comma-separated kernel names (default: all)")
     ap.add_argument("--no-save", action="store_true", help=f"do not write {RESULT.relative_to(ROOT)}")
     ap.add_argument("--json-stdout", action="store_true", help="print the rows as one JSON line")
+    ap.add_argument("--every-config", action="store_true",
+                    help="autotuned kernels: every configuration, not only those the pruning hook keeps (not saved)")
+    ap.add_argument("--workloads", default="", help="comma-separated workloads, e.g. 'flash non-causal' (default: all)")
+    ap.add_argument("--widest-only", action="store_true",
+                    help="compile a launch that recurs at several --dims at the widest only (not saved)")
     a = ap.parse_args(argv)
     names = set(filter(None, a.kernels.split(",")))
+    only = set(filter(None, a.workloads.split(",")))
     print(HEADER, file=sys.stderr)
-    rows = report(a.dims, a.dtypes, names or None)
+    rows = report(a.dims, a.dtypes, names or None, every_config=a.every_config, only=only or None,
+                  widest_only=a.widest_only)
     if a.json_stdout:
         print(json.dumps(rows))
-    if not a.no_save:
+    if not (a.no_save or a.every_config or a.widest_only or only):
         RESULT.parent.mkdir(parents=True, exist_ok=True)
-        meta = {"what": "compile-time resources of the chunked kernels for sm_90 (ptxas -v), not a timing",
+        meta = {"what": "compile-time resources of the chunked, flash and block-sparse kernels for sm_90 (ptxas -v), "
+                        "not a timing; autotuned kernels: one row per candidate the pruning hook keeps",
                 "target": "cuda sm_90 (H100), warp size 32", "triton": triton.__version__,
                 "torch": torch.__version__, "date": datetime.date.today().isoformat(),
-                "seq_len_specialised": SEQ_LEN, "rows": rows}
+                "seq_len_specialised": SEQ_LEN, "block_sparse_block_size": BLOCK_SIZE, "rows": rows}
         RESULT.write_text(json.dumps(meta, indent=1) + "\n")
         print(f"wrote {RESULT.relative_to(ROOT)}", file=sys.stderr)
     return 0

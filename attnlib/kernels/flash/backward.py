@@ -24,8 +24,9 @@ masked (loads past the end read zeros, and rows past ``Tq`` get ``lse = +inf``, 
 Causal tiling needs ``BLOCK_N`` a multiple of ``BLOCK_M`` in the dK/dV kernel and ``BLOCK_M`` a multiple
 of ``BLOCK_N`` in the dQ kernel, so that the diagonal stage starts on a tile boundary.
 
-Tiles are autotuned on a GPU (configurations pruned to shared memory; keyed like the forward) and
-fixed and small under the interpreter.
+Tiles are autotuned on a GPU (configurations pruned to shared memory and, in half precision, to those
+that spill no registers at the call's head width; keyed like the forward) and fixed and small under
+the interpreter.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from ..._backend import INTERPRET
 from ..common import online_softmax as softmax
 from ..common.online_softmax import dkdv_over_queries, dkdv_program_init, dq_over_keys, dq_program_init
 from ..common.tiles import program_tile, store_tile
-from .forward import SMEM_BUDGET, check_launchable, length_bucket, precision_for
+from .forward import SMEM_BUDGET, check_launchable, length_bucket, precision_for, spills
 
 
 @triton.jit
@@ -130,10 +131,15 @@ def _bwd_smem(cfg, args, resident: str) -> int:
 
 
 def _pruner(resident: str):
+    """Keep the configurations that fit the shared-memory budget, were not measured to spill registers
+    at this head width (``forward.spills``) and, for heads wider than 128, have small tiles."""
+    measured = _DKDV_SPILLS if resident == "kv" else _DQ_SPILLS
+
     def prune(configs, nargs, **kwargs):
         args = {**nargs, **kwargs}
         wide = max(args["BLOCK_D"], args["BLOCK_DV"]) > 128
         keep = [c for c in configs[:-1] if _bwd_smem(c, args, resident) <= SMEM_BUDGET
+                and not spills(c, args, measured)
                 and not (wide and c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"] > 32 * 64)]
         return keep or configs[-1:]           # the last configuration: the fallback (D = 256, float32)
     return prune
@@ -144,12 +150,26 @@ def _configs(shapes):
 
 
 # dK/dV: narrow query blocks streamed past wide resident key blocks (BLOCK_N a multiple of BLOCK_M);
-# dQ: the mirror image. Among them the Triton tutorial's Hopper choice (32 x 128 and 128 x 32, 4 warps,
-# which ptxas shows spilling at D = 128 in fp16; the 8-warp variants do not). The last: the fallback.
+# dQ: the mirror image. Among them the Triton tutorial's Hopper choice (32 x 128 and 128 x 32, 4 warps).
+# The last: the fallback.
 _DKDV_CONFIGS = _configs([(32, 128, 8, 3), (32, 128, 4, 3), (32, 64, 8, 3), (64, 128, 8, 2), (16, 64, 4, 3),
                           (16, 32, 4, 1)])
 _DQ_CONFIGS = _configs([(128, 32, 8, 3), (128, 32, 4, 3), (128, 64, 8, 2), (64, 32, 4, 3), (64, 16, 4, 3),
                         (32, 16, 4, 1)])
+
+# Register spills measured with ptxas -v for sm_90, fp16 = bf16 (scripts/kernel_resources.py
+# --every-config): configuration -> the narrowest head block at which it spills (``forward.spills``).
+# dK/dV holds k, v and the fp32 dk, dv [BLOCK_N, D] for the whole program:
+#   32 x 128, 4 warps: 220 registers at D = 32, 44 B of spill stores at 64 (causal), 2.1-2.9 KB at 128
+#     (its 8-warp twin: 168-175 registers at 64, 239 at 128, no spill);
+#   64 x 128, 8 warps, 2 stages: 40-140 B at D = 128;
+#   at D = 256 every candidate that fits the budget (32 x 64 8 warps: 260-448 B, 16 x 64: 3.2-4.2 KB;
+#     32 x 128 8 warps: 3.2-4.2 KB) -- only the fallback (16 x 32, one stage, 232-237 registers) is left.
+_DKDV_SPILLS = {(32, 128, 4, 3): 64, (64, 128, 8, 2): 128, (32, 128, 8, 3): 256, (32, 64, 8, 3): 256,
+                (16, 64, 4, 3): 256}
+# dQ holds q, dO and the fp32 dq [BLOCK_M, D]: 128 x 32 with 4 warps spills 92-176 B at D = 128 (4.2-4.3 KB
+# at 256; 174-180 registers at 64); 128 x 64 (8 warps, 2 stages) 112-148 B at 256.
+_DQ_SPILLS = {(128, 32, 4, 3): 128, (128, 64, 8, 2): 256}
 _KEY = ["T_BUCKET", "D", "DV", "CAUSAL"]
 
 if INTERPRET:

@@ -28,8 +28,10 @@ replaces ``exp``. Head dims that are not powers of two are padded to ``BLOCK_D``
 
 Tiles on a GPU are autotuned (``triton.autotune``, keyed on the head dims, causality, and the
 power-of-two bucket of the length so that a new length does not re-tune), among configurations
-pruned to fit in shared memory -- which is what keeps D = 256 launching. Under the interpreter
-(``TRITON_INTERPRET=1``) autotuning is bypassed: one small fixed configuration, so CPU tests stay fast.
+pruned to fit in shared memory -- which is what keeps D = 256 launching -- and, in half precision, to
+spill no registers at the head width of the call (``_FWD_SPILLS``, measured with ptxas for sm_90).
+Under the interpreter (``TRITON_INTERPRET=1``) autotuning is bypassed: one small fixed configuration,
+so CPU tests stay fast.
 """
 
 from __future__ import annotations
@@ -93,25 +95,53 @@ def _fwd_smem(cfg, args) -> int:
     return args["Q"].element_size() * (bm * bd + cfg.num_stages * bn * (bd + bdv))
 
 
+def config_key(cfg) -> tuple[int, int, int, int]:
+    """``(BLOCK_M, BLOCK_N, num_warps, num_stages)`` of an autotuning configuration."""
+    return cfg.kwargs["BLOCK_M"], cfg.kwargs["BLOCK_N"], cfg.num_warps, cfg.num_stages
+
+
+def spills(cfg, args, measured: dict) -> bool:
+    """Whether ptxas reported register spills for ``cfg`` at these head dims and this dtype.
+
+    ``measured`` maps a configuration (:func:`config_key`) to the narrowest head block
+    ``max(BLOCK_D, BLOCK_DV)`` at which it spilled, for half-precision inputs (fp16 and bf16 spill
+    alike): ``scripts/kernel_resources.py --every-config`` compiles every configuration for sm_90 and
+    reads ``ptxas -v``. A spilled tile goes through local memory on every use, so a configuration
+    that spills is dropped before the autotuner times it. Float32 inputs are not pruned for spills:
+    their exact (ieee) products do not run on tensor cores, and the four configurations measured at
+    D = 64 (causal; 128 x 64 with 4 and 8 warps, 128 x 128, 64 x 64) all spilled, 2.8 to 52 KB of
+    spill stores -- a float32 launch on a GPU is a correctness path, not a fast one."""
+    narrowest = measured.get(config_key(cfg))
+    return (narrowest is not None and args["Q"].element_size() == 2
+            and max(args["BLOCK_D"], args["BLOCK_DV"]) >= narrowest)
+
+
 def _prune_fwd(configs, nargs, **kwargs):
     """Drop the configurations whose tiles overflow shared memory (wide heads, float32) -- they would
-    fail to launch with OutOfResources -- and, for heads wider than 128, the large register tiles.
+    fail to launch with OutOfResources --, those measured to spill registers at this head width
+    (``_FWD_SPILLS``) and, for heads wider than 128, the large register tiles.
     The last configuration is the fallback, used only when no other fits (D = 256 in float32)."""
     args = {**nargs, **kwargs}                  # positional arguments, then the constexpr keywords
     wide = max(args["BLOCK_D"], args["BLOCK_DV"]) > 128
-    keep = [c for c in configs[:-1] if _fwd_smem(c, args) <= SMEM_BUDGET
+    keep = [c for c in configs[:-1] if _fwd_smem(c, args) <= SMEM_BUDGET and not spills(c, args, _FWD_SPILLS)
             and not (wide and c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"] > 64 * 64)]
     return keep or configs[-1:]
 
 
 # The Triton tutorial's Hopper space (BLOCK_M 64/128, BLOCK_N 32..128, 4 or 8 warps, 3 stages), with
 # BLOCK_N <= BLOCK_M so that the causal diagonal stage starts on a key-tile boundary. Kept small: each
-# configuration is compiled once per (dtype, head dims, causal) on first use. Spills measured with
-# ptxas for sm_90 (fp16, D = 128): none for 8 warps at 128 x 64 or 4 warps at 64 x 32.
+# configuration is compiled once per (dtype, head dims, causal) on first use.
 _FWD_CONFIGS = [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
                 for bm, bn, w, s in [(128, 64, 8, 3), (128, 64, 4, 3), (128, 128, 8, 3), (64, 64, 4, 3),
                                      (64, 32, 4, 3),
                                      (64, 32, 4, 1)]]   # the fallback: D = 256 in float32
+
+# Register spills measured with ptxas -v for sm_90, fp16 = bf16, causal and not (benchmarks/results/
+# kernel_resources.json has the kept ones): 128 x 64 with 4 warps holds a [128, D] fp32 accumulator
+# in 128 threads -- 255 registers and no spill at D = 64, but 140-232 B of spill stores at D = 128 and
+# 4.2-4.4 KB at 256; its 8-warp twin (167-168 registers at D = 128) takes its place. 128 x 128 (8 warps)
+# spills 172-252 B at D = 256, where shared memory and the tile-size rule drop it anyway.
+_FWD_SPILLS = {(128, 64, 4, 3): 128, (128, 128, 8, 3): 256}
 
 if INTERPRET:
     _flash_fwd = _flash_fwd_kernel          # one fixed configuration, chosen at the launch
