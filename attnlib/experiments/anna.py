@@ -378,3 +378,28 @@ def summarise_reproduction(doc: dict) -> dict:
             out[surrogate].update(partner_cos=(pc.mean().item(), sd(pc).item()),
                                   max_other_cos=(oc.mean().item(), sd(oc).item()))
     return out
+
+
+@torch.no_grad()
+def match2_partner_mass(model: TinyModel, *, n: int, seed: int, plan: str = "own", n_bits: int = 4,
+                        device: str | torch.device = "cpu") -> float:
+    """The share of a one-layer Match2 model's attention that lands on partner keys (``x_j = -x_i mod
+    M``), averaged over the tokens that have a partner. ``plan="own"``: the plan the model was trained
+    with (its surrogate); ``plan="simhash_limit"``: the plan ANNA with ``n_bits`` bits tends to as
+    ``l -> infinity`` on the same unit queries and keys -- what the distilled model is served.
+    Attention blind to content would put about (number of partners) / N there."""
+    if len(model.attn) != 1 or model.pos is not None:
+        raise ValueError("match2_partner_mass needs a one-layer Match2 model without positions")
+    if plan not in ("own", "simhash_limit"):
+        raise ValueError(f"plan must be 'own' or 'simhash_limit'; got {plan!r}")
+    M = model.emb.num_embeddings
+    x, y = match2(n, 32, M, seed=seed)
+    x = x.to(device)
+    layer = model.attn[0]
+    q, k = layer.unit_qk(model.embed(x))
+    kind, bits = (layer.surrogate, layer.n_bits) if plan == "own" else ("simhash_limit", n_bits)
+    w = torch.softmax(surrogate_logits(q, k, kind, beta=layer.log_beta.exp(), n_bits=bits), -1)[:, 0]
+    is_partner = (x[:, :, None] + x[:, None, :]) % M == 0                      # [n, i, j]
+    mass = (w * is_partner).sum(-1)                                            # [n, i]
+    has = y.to(device).bool()
+    return (mass[has].sum() / has.sum()).item()
