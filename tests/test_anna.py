@@ -366,3 +366,13 @@ def test_plan_explorer_redraws_anna_panels_when_a_slider_moves():
     z_slider.value = 1
     want = anna_plan(k, k, 4, 1, seed=2).numpy()
     assert torch.allclose(torch.tensor([list(r) for r in fig.data[3].z], **F64), torch.from_numpy(want.copy()))
+
+
+def test_partner_mass_of_the_served_plan_equals_the_own_plan_for_the_simhash_limit_stand_in():
+    from attnlib.experiments.anna import match2_partner_mass, train_surrogate
+    model = train_surrogate("match2", steps=2, seed=0, d=16, batch=4, surrogate="simhash_limit", n_bits=3)
+    own = match2_partner_mass(model, n=6, seed=1)
+    served = match2_partner_mass(model, n=6, seed=1, plan="simhash_limit", n_bits=3)
+    assert 0 <= own <= 1 and abs(own - served) < 1e-12
+    with pytest.raises(ValueError, match="plan must be"):
+        match2_partner_mass(model, n=2, seed=1, plan="sparse")
