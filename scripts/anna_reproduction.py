@@ -84,6 +84,13 @@ def main() -> None:
                 geo = ex.match2_partner_geometry(model)
                 row["partner_cos_mean"] = geo["partner_cos"].mean().item()
                 row["max_other_cos_mean"] = geo["max_other_cos"].mean().item()
+            if args.task == "induction":
+                # which layer breaks: hash one layer, keep the other on its stand-in (None), best z each
+                l1, l2 = max(l[0] for l in grid["ls"]), max(l[1] for l in grid["ls"])
+                for name, per_layer in (("layer1_hashed", lambda z: [(l1, z, 99), None]),
+                                        ("layer2_hashed", lambda z: [None, (l2, z, 99 + 104729)])):
+                    row[name] = min(ex.error_rate(model, args.task, n=grid["n_eval"], seed=99, anna=per_layer(z),
+                                                  device=device) for z in grid["zs"])
             if surrogate == "softmax":
                 row["beta"] = [a.log_beta.exp().item() for a in model.attn]
             doc["rows"].append(row)
