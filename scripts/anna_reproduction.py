@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import platform
 import sys
 import time
 from pathlib import Path
@@ -26,6 +25,9 @@ from tqdm.auto import tqdm
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from _common import device_name, versions  # noqa: E402  (the benchmarks' record of device and versions)
 
 from attnlib.experiments import anna as ex  # noqa: E402
 
@@ -37,12 +39,6 @@ GRIDS = {
     "induction": dict(ls=[(32, 4), (32, 32), (96, 8), (96, 32)], zs=[1, 2, 3, 4], n_eval=100, n_hash_seeds=1),
 }
 SURROGATE_BITS = 4          # z of the SimHash-limit surrogate's kernel (the grid's middle)
-
-
-def device_name(device: torch.device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    return f"CPU ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
 
 
 def main() -> None:
@@ -62,9 +58,9 @@ def main() -> None:
     out = args.out or ROOT / "benchmarks" / "results" / f"anna_reproduction_{args.task}.json"
     doc = {
         "experiment": "anna_reproduction", "task": args.task,
-        "device": device_name(device), "date": datetime.date.today().isoformat(),
-        "versions": {"python": platform.python_version(), "torch": torch.__version__},
-        "config": {"steps": args.steps, "batch": batch, "lr": lr, "d": 64, "surrogate_bits": SURROGATE_BITS,
+        "device": device_name(), "date": datetime.date.today().isoformat(), "versions": versions(),
+        "config": {"torch_threads": torch.get_num_threads(), "steps": args.steps, "batch": batch, "lr": lr, "d": 64,
+                   "surrogate_bits": SURROGATE_BITS,
                    "ls": grid["ls"], "zs": grid["zs"], "n_eval_sequences": grid["n_eval"],
                    "n_hash_seeds": grid["n_hash_seeds"], "eval_seed": 99},
         "rows": [],
@@ -75,15 +71,9 @@ def main() -> None:
             model = ex.train_surrogate(args.task, steps=args.steps, seed=seed, surrogate=surrogate,
                                        n_bits=SURROGATE_BITS, batch=batch, lr=lr, device=device, progress=tqdm)
             train_s = time.time() - t0
-            row = {"surrogate": surrogate, "seed": seed, "train_seconds": round(train_s, 1),
-                   "surrogate_error": ex.error_rate(model, args.task, n=grid["n_eval"], seed=99, device=device),
-                   "anna_error": ex.anna_error_grid(model, args.task, grid["ls"], grid["zs"], n=grid["n_eval"],
-                                                    seed=99, n_hash_seeds=grid["n_hash_seeds"],
-                                                    device=device).tolist()}
-            if args.task == "match2":
-                geo = ex.match2_partner_geometry(model)
-                row["partner_cos_mean"] = geo["partner_cos"].mean().item()
-                row["max_other_cos_mean"] = geo["max_other_cos"].mean().item()
+            row = {"seed": seed, "train_seconds": round(train_s, 1),
+                   **ex.distillation_row(model, args.task, grid["ls"], grid["zs"], n=grid["n_eval"], seed=99,
+                                         n_hash_seeds=grid["n_hash_seeds"], device=device)}
             if args.task == "induction":
                 # which layer breaks: hash one layer, keep the other on its stand-in (None), best z each
                 l1, l2 = max(l[0] for l in grid["ls"]), max(l[1] for l in grid["ls"])
@@ -91,8 +81,6 @@ def main() -> None:
                                         ("layer2_hashed", lambda z: [None, (l2, z, 99 + 104729)])):
                     row[name] = min(ex.error_rate(model, args.task, n=grid["n_eval"], seed=99, anna=per_layer(z),
                                                   device=device) for z in grid["zs"])
-            if surrogate == "softmax":
-                row["beta"] = [a.log_beta.exp().item() for a in model.attn]
             doc["rows"].append(row)
             best = min(min(r) for r in row["anna_error"])
             tqdm.write(f"seed {seed} {surrogate:>13}: surrogate error {row['surrogate_error']:.3f}, "

@@ -233,11 +233,15 @@ class SurrogateLayer(nn.Module):
         """``q_hat, k_hat [B, 1, T, d]``: the unit-norm queries and keys both ANNA and the surrogate see."""
         return F.normalize(self.wq(h), dim=-1)[:, None], F.normalize(self.wk(h), dim=-1)[:, None]
 
+    def logits(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        """The stand-in's attention logits for unit ``q, k`` (before any causal mask)."""
+        return surrogate_logits(q, k, self.surrogate, beta=self.log_beta.exp(), n_bits=self.n_bits)
+
     def forward(self, h: torch.Tensor, anna: tuple[int, int, int] | None = None) -> torch.Tensor:
         q, k = self.unit_qk(h)
         v = self.wv(h)[:, None]
         if anna is None:
-            s = surrogate_logits(q, k, self.surrogate, beta=self.log_beta.exp(), n_bits=self.n_bits)
+            s = self.logits(q, k)
             if self.causal:
                 T = h.shape[1]
                 s = s.masked_fill(~torch.ones(T, T, dtype=torch.bool, device=h.device).tril(), float("-inf"))
@@ -322,13 +326,17 @@ def error_rate(model: TinyModel, task: str, *, n: int, seed: int, anna: list[tup
     return (pred != y).double().mean().item()
 
 
+def _check_match2_model(model: TinyModel, what: str) -> None:
+    if len(model.attn) != 1 or model.pos is not None:
+        raise ValueError(f"{what} needs a one-layer Match2 model without positions")
+
+
 @torch.no_grad()
 def match2_partner_geometry(model: TinyModel) -> dict:
     """Where a one-layer Match2 model put its unit queries and keys: for each symbol ``a``, the cosine
     between ``q_hat(a)`` and its partner's key ``k_hat(-a mod M)``, and the largest cosine with any other
     symbol's key. LSH separates the partner only if the first is well above the second."""
-    if len(model.attn) != 1 or model.pos is not None:
-        raise ValueError("match2_partner_geometry needs a one-layer Match2 model without positions")
+    _check_match2_model(model, "match2_partner_geometry")
     M = model.emb.num_embeddings
     q, k = model.attn[0].unit_qk(model.emb.weight[None])
     cos = (q @ k.transpose(-1, -2))[0, 0]
@@ -353,6 +361,25 @@ def anna_error_grid(model: TinyModel, task: str, ls, zs, *, n: int, seed: int, n
                     for h in range(n_hash_seeds)]
             out[a, b] = sum(errs) / len(errs)
     return out
+
+
+def distillation_row(model: TinyModel, task: str, ls, zs, *, n: int, seed: int, n_hash_seeds: int,
+                     device: str | torch.device = "cpu") -> dict:
+    """What a reproduction run records of one trained model: its stand-in's error, the distilled error
+    grid over ``(ls, zs)`` (``anna_error_grid``), the learned temperatures of a softmax stand-in, and for
+    Match2 the partner geometry's means; every error on the same ``n`` sequences drawn from ``seed``."""
+    layer = model.attn[0]
+    row = {"surrogate": layer.surrogate,
+           "surrogate_error": error_rate(model, task, n=n, seed=seed, device=device),
+           "anna_error": anna_error_grid(model, task, ls, zs, n=n, seed=seed, n_hash_seeds=n_hash_seeds,
+                                         device=device).tolist()}
+    if task == "match2":
+        geo = match2_partner_geometry(model)
+        row["partner_cos_mean"] = geo["partner_cos"].mean().item()
+        row["max_other_cos_mean"] = geo["max_other_cos"].mean().item()
+    if layer.surrogate == "softmax":
+        row["beta"] = [a.log_beta.exp().item() for a in model.attn]
+    return row
 
 
 def summarise_reproduction(doc: dict) -> dict:
@@ -388,8 +415,7 @@ def match2_partner_mass(model: TinyModel, *, n: int, seed: int, plan: str = "own
     with (its surrogate); ``plan="simhash_limit"``: the plan ANNA with ``n_bits`` bits tends to as
     ``l -> infinity`` on the same unit queries and keys -- what the distilled model is served.
     Attention blind to content would put about (number of partners) / N there."""
-    if len(model.attn) != 1 or model.pos is not None:
-        raise ValueError("match2_partner_mass needs a one-layer Match2 model without positions")
+    _check_match2_model(model, "match2_partner_mass")
     if plan not in ("own", "simhash_limit"):
         raise ValueError(f"plan must be 'own' or 'simhash_limit'; got {plan!r}")
     M = model.emb.num_embeddings
@@ -397,8 +423,8 @@ def match2_partner_mass(model: TinyModel, *, n: int, seed: int, plan: str = "own
     x = x.to(device)
     layer = model.attn[0]
     q, k = layer.unit_qk(model.embed(x))
-    kind, bits = (layer.surrogate, layer.n_bits) if plan == "own" else ("simhash_limit", n_bits)
-    w = torch.softmax(surrogate_logits(q, k, kind, beta=layer.log_beta.exp(), n_bits=bits), -1)[:, 0]
+    s = layer.logits(q, k) if plan == "own" else surrogate_logits(q, k, "simhash_limit", n_bits=n_bits)
+    w = torch.softmax(s, -1)[:, 0]
     is_partner = (x[:, :, None] + x[:, None, :]) % M == 0                      # [n, i, j]
     mass = (w * is_partner).sum(-1)                                            # [n, i]
     has = y.to(device).bool()
