@@ -97,8 +97,10 @@ def softmax_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
         causal: query ``i`` sees keys ``j <= i`` (needs ``Tq == Tk``).
         return_lse: also return ``lse [B, H, Tq]``, the natural-log log-sum-exp of each row's
             scaled (masked) scores -- the dual potential of chapter 1. float32 (float64 for float64).
-        backend: ``"auto"`` (the kernel where it applies: CUDA, fp16/bf16/fp32, head dims up
-            to 256; the reference otherwise), ``"torch"`` or ``"triton"``.
+        backend: ``"auto"`` (the kernel where it applies: a CUDA GPU of capability 8.0 or newer,
+            fp16/bf16/fp32, head dims up to 256; otherwise PyTorch -- on a GPU its fused
+            ``scaled_dot_product_attention`` when ``return_lse`` is False, the reference elsewhere),
+            ``"torch"`` (the reference) or ``"triton"``.
 
     Returns:
         ``o [B, H, Tq, Dv]`` in the inputs' dtype, or ``(o, lse)``.
@@ -108,8 +110,13 @@ def softmax_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
     _validate.check_qkv(q, k, v, same_length=causal)
     D = q.shape[-1]
     scale = 1.0 / math.sqrt(D) if scale is None else _validate.check_positive("scale", scale)
-    if choose_backend(backend, q, why_not=_why_not_kernel(D, v.shape[-1])) == "triton":
+    which = choose_backend(backend, q, why_not=_why_not_kernel(D, v.shape[-1]))
+    if which == "triton":
         o, lse = _TritonAttention.apply(q, k, v, scale, causal)
+    elif backend == "auto" and q.is_cuda and not return_lse and q.dtype != torch.float64:
+        # No kernel of ours here (e.g. a T4): PyTorch's fused attention, which does use its tensor cores
+        # and never forms the [T, T] matrix. It returns no LSE, hence the condition.
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
     else:
         o, lse = softmax_attention_reference(q, k, v, scale=scale, causal=causal)
     return (o, lse) if return_lse else o

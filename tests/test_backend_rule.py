@@ -65,3 +65,20 @@ def test_every_op_answers_float64_with_auto(monkeypatch):
     assert attnlib.block_sparse_attention(q, q, q, mask, block_size=16).dtype == torch.float64
     assert attnlib.linear_attention(q, q, q, mode="recurrent").dtype == torch.float64
     assert attnlib.delta_rule(q, q, q, beta, mode="parallel").dtype == torch.float64
+
+
+@pytest.mark.parametrize("capability, kernel", [((7, 5), False), ((7, 0), False), ((8, 0), True), ((8, 6), True),
+                                                ((8, 9), True), ((9, 0), True), ((12, 0), True)])
+def test_auto_takes_the_kernel_only_where_triton_reaches_tensor_cores(capability, kernel):
+    """sm_75 (a T4) and older: Triton lowers tl.dot to FMA there, so ``auto`` takes PyTorch, whose cuBLAS
+    and SDPA paths use the tensor cores; sm_80 and newer get the kernels."""
+    got = decide("auto", device_type="cuda", dtype=torch.float16, why_not=None, capability=capability, **ALL)
+    assert got == ("triton" if kernel else "torch")
+
+
+def test_triton_on_a_gpu_without_tensor_core_lowering_says_why():
+    with pytest.raises(ValueError, match=r"sm_75.*no tensor-core instruction"):
+        decide("triton", device_type="cuda", dtype=torch.float16, why_not=None, capability=(7, 5), **ALL)
+    # the op's own reason comes first: it is the one that holds on any GPU
+    with pytest.raises(ValueError, match="chunk_size 8"):
+        decide("triton", device_type="cuda", dtype=torch.float16, why_not="chunk_size 8", capability=(7, 5), **ALL)

@@ -1,20 +1,133 @@
-"""Launch helpers shared by the chunked kernels: block sizes, dot precisions, the device check.
+"""Launch helpers shared by every kernel: the device check, tile widths, what the device offers, and
+the pruning of autotuning candidates. Not a kernel.
 
-Not a kernel. Every wrapper in ``common/``, ``linear/`` and ``delta/`` takes contiguous
-``[B, H, T, X]`` tensors (``beta``, gates: ``[B, H, T]``) and flattens ``(B, H)`` into one grid
-axis, so a kernel addresses row ``t`` of head ``bh`` at ``(bh * T + t) * X``.
+Device limits. A launch must fit the shared memory of the GPU it runs on -- 64 KB per block on a T4
+(sm_75), about 99 KB on an L4 (sm_89), 163 KB on an A100 (sm_80), 227 KB on an H100 (sm_90) -- so the
+wrappers read it from the device (:func:`shared_memory_limit`) rather than assume an H100. Under
+Triton's interpreter there is no limit.
+
+Autotuning. Each kernel with several good tilings lists candidate ``triton.Config`` s and a
+``SPILLS`` table: for each GPU generation (:func:`target_family`), the candidates that ptxas showed
+spilling registers, with the narrowest head block at which they did (``scripts/kernel_report.py``
+compiles every candidate for sm_80, sm_89 and sm_90 on the CPU). :func:`pruner` keeps the candidates
+that fit the device's shared memory (by the kernel's own estimate) and are not listed as spilling
+there; ``tests/test_kernel_report.py`` compiles every candidate the pruner keeps for every target and
+fails if one does not fit or spills, so the estimates and the tables stay honest.
+
+Chunked kernels read contiguous ``[B, H, T, X]`` tensors (``beta``, gates: ``[B, H, T]``) and flatten
+``(B, H)`` into one grid axis, so a kernel addresses row ``t`` of head ``bh`` at ``(bh * T + t) * X``.
 """
 
 from __future__ import annotations
+
+from typing import Callable
 
 import torch
 import triton
 
 from ..._backend import INTERPRET
 
-MAX_HEAD_DIM = 256          # one [CHUNK, BLOCK_D] tile holds all of D: beyond 256 the registers spill
+MAX_HEAD_DIM = 256          # one tile holds a whole head row: beyond 256 the registers spill
 MIN_DOT = 16                # tl.dot needs every tile side >= 16
 
+# Shared memory per block (the opt-in maximum), by compute capability, for the GPUs a reader meets;
+# a real device is asked (:func:`shared_memory_limit`), this table serves the static report.
+SHARED_MEMORY = {(7, 5): 64 * 1024, (8, 0): 163 * 1024, (8, 6): 99 * 1024, (8, 9): 99 * 1024,
+                 (9, 0): 227 * 1024}
+
+
+def require_launchable(x: torch.Tensor, *dims: int, limit: int = MAX_HEAD_DIM, what: str = "head dims") -> None:
+    """The one device and size check of every kernel wrapper: a CUDA tensor (or the interpreter), and
+    every dim in ``dims`` at most ``limit``."""
+    if x.device.type != "cuda" and not INTERPRET:
+        raise RuntimeError(f"the Triton kernel needs a CUDA tensor or TRITON_INTERPRET=1; got a tensor on "
+                           f"{x.device.type}")
+    if dims and max(dims) > limit:
+        raise ValueError(f"the Triton kernel takes {what} up to {limit}; got {', '.join(map(str, dims))} "
+                         "(use backend='torch')")
+
+
+def head_block(n: int) -> int:
+    """A power-of-two tile side covering ``n`` (at least 16, tl.dot's minimum)."""
+    return max(MIN_DOT, triton.next_power_of_2(max(n, 1)))
+
+
+def capability(device: torch.device) -> tuple[int, int] | None:
+    """``(major, minor)`` of a CUDA device; None under the interpreter."""
+    return tuple(torch.cuda.get_device_capability(device)) if device.type == "cuda" else None
+
+
+def shared_memory_limit(device: torch.device) -> int:
+    """Bytes of shared memory one block may use on ``device`` (no limit under the interpreter)."""
+    if device.type != "cuda":
+        return 1 << 30
+    props = torch.cuda.get_device_properties(device)
+    return int(getattr(props, "shared_memory_per_block_optin", 0) or props.shared_memory_per_block)
+
+
+def sm_count(device: torch.device) -> int:
+    """Streaming multiprocessors of ``device`` (1 under the interpreter)."""
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
+
+
+def target_family(device: torch.device) -> str:
+    """The ``SPILLS`` table a device reads: ``"sm90"`` (Hopper and newer: wgmma), ``"sm80"`` (A100),
+    ``"sm89"`` (the other Ampere and Ada parts: sm_86, sm_87, sm_89)."""
+    cap = capability(device)
+    if cap is None or cap >= (9, 0):
+        return "sm90"
+    return "sm80" if cap == (8, 0) else "sm89"
+
+
+def config_key(cfg: triton.Config) -> tuple:
+    """A candidate's identity in a ``SPILLS`` table: its tile sizes (sorted by name), warps, stages."""
+    return (*(v for _, v in sorted(cfg.kwargs.items())), cfg.num_warps, cfg.num_stages)
+
+
+def pruner(smem: Callable[[triton.Config, dict], int], spills: dict, width: Callable[[dict], int],
+           device_arg: str) -> Callable:
+    """An ``early_config_prune`` hook: keep the candidates whose ``smem(cfg, args)`` fits the device
+    of argument ``device_arg`` and that its ``spills[target_family][config_key]`` table does not list
+    as spilling at a head block of ``width(args)`` or wider. If none is left, the last candidate
+    (each list ends with a small, safe one)."""
+
+    def prune(configs, nargs, **kwargs):
+        args = {**nargs, **kwargs}
+        dev = args[device_arg].device
+        limit = shared_memory_limit(dev)
+        measured = spills.get(target_family(dev), {})
+        keep = []
+        for c in configs:
+            narrowest = measured.get(config_key(c))
+            if smem(c, args) <= limit and (narrowest is None or width(args) < narrowest):
+                keep.append(c)
+        return keep or configs[-1:]
+
+    return prune
+
+
+def autotuned(kernel, configs, key, prune):
+    """``triton.autotune`` on a GPU; under the interpreter the kernel itself (the launch passes one fixed
+    configuration: autotuning would time numpy)."""
+    if INTERPRET:
+        return kernel
+    return triton.autotune(configs, key=key, prune_configs_by={"early_config_prune": prune})(kernel)
+
+
+def interpret_config(configs, **fixed) -> dict:
+    """Under the interpreter, the launch keywords of one configuration: ``fixed`` (e.g. tile widths a
+    test forces) over the last candidate's; on a GPU, nothing (the autotuner chooses)."""
+    if not INTERPRET:
+        return {}
+    last = configs[-1]
+    return {**last.kwargs, **{k: v for k, v in fixed.items() if v is not None}}
+
+
+def num_chunks(T: int, chunk: int) -> int:
+    return triton.cdiv(T, chunk)
+
+
+# ---- the chunked kernels' former sizing helpers (replaced by autotuning in this rewrite) ----
 
 def require_device(x: torch.Tensor) -> None:
     if x.device.type == "cpu" and not INTERPRET:
@@ -72,10 +185,6 @@ def precisions(dtype: torch.dtype) -> tuple[str, str]:
     return ("ieee" if exact else "tf32"), ("ieee" if exact else "tf32")
 
 
-def num_chunks(T: int, chunk: int) -> int:
-    return triton.cdiv(T, chunk)
-
-
 def check_chunk(chunk_size: int) -> None:
     if chunk_size < 16 or chunk_size > 128 or chunk_size & (chunk_size - 1):
         raise ValueError(f"chunk_size must be a power of two in [16, 128] for the kernel; got {chunk_size}")
@@ -103,3 +212,8 @@ def check_dims(D: int, Dv: int) -> None:
 
 def stages(device: torch.device) -> int:
     return 2 if device.type == "cuda" else 1
+
+
+__all__ = ["MAX_HEAD_DIM", "MIN_DOT", "SHARED_MEMORY", "autotuned", "capability", "config_key", "head_block",
+           "interpret_config", "num_chunks", "pruner", "require_launchable", "shared_memory_limit", "sm_count",
+           "target_family"]
