@@ -45,7 +45,7 @@ from ._backend import choose_backend
 from ._numerics import acc_dtype
 
 MODES = ("parallel", "recurrent", "chunk")
-KERNEL_CHUNK_SIZES = (16, 128)
+KERNEL_CHUNK_SIZES = (16, 64)      # the chunked kernels' range (powers of two)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -276,34 +276,31 @@ def _check_delta_inputs(q, k, v, beta, g, initial_state, *, state_name="initial_
 
 
 class _TritonDeltaRule(torch.autograd.Function):
-    """Forward and backward by the chunked kernels (``kernels/delta/``). The forward saves the inputs,
-    the chunk-local gate cumsum and each chunk's triangular inverse; the backward recomputes the WY
-    factors and the per-chunk states from them, and returns a gradient for exactly the inputs that
-    require one (only ``q``: the cheap path, no reverse state pass)."""
+    """Forward and backward by the chunked kernels (``kernels/delta/``). Only the inputs are saved: the
+    backward recomputes the WY factors and the per-chunk states from them, and returns a gradient for
+    exactly the inputs that require one (only ``q``: the cheap path, no reverse state pass)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, beta, g, initial_state, scale, chunk_size):
+    def forward(ctx, q, k, v, beta, g, initial_state, scale, chunk_size, output_final_state):
         from .kernels.delta import delta_rule_chunk_forward
-        o, S, (G, Ai) = delta_rule_chunk_forward(q, k, v, beta, g, scale=scale, chunk_size=chunk_size,
-                                                 initial_state=initial_state)
-        ctx.save_for_backward(q, k, v, beta, g, initial_state, G, Ai)
+        o, S = delta_rule_chunk_forward(q, k, v, beta, g, scale=scale, chunk_size=chunk_size,
+                                        initial_state=initial_state, output_final_state=output_final_state)
+        ctx.save_for_backward(q, k, v, beta, g, initial_state)
         ctx.scale, ctx.chunk_size = scale, chunk_size
         return o, S
 
     @staticmethod
     def backward(ctx, do, dS):
         from .kernels.delta import delta_rule_chunk_backward
-        q, k, v, beta, g, S0, G, Ai = ctx.saved_tensors
+        q, k, v, beta, g, S0 = ctx.saved_tensors
         need = ctx.needs_input_grad[:6]
         if not any(need):
-            return (None,) * 8
-        grads = delta_rule_chunk_backward(q, k, v, beta, S0, (G, Ai), do, dS, scale=ctx.scale,
-                                          chunk_size=ctx.chunk_size, only_dq=not any(need[1:]),
-                                          need_state_grad=need[5])
-        dq, dk, dv, dbeta, dg, dS0 = grads
+            return (None,) * 9
+        grads = delta_rule_chunk_backward(q, k, v, beta, g, S0, do, dS, scale=ctx.scale, chunk_size=ctx.chunk_size,
+                                          only_dq=not any(need[1:]), need_state_grad=need[5])
         res = [gr.to(t.dtype) if n and gr is not None else None
-               for gr, t, n in zip((dq, dk, dv, dbeta, dg, dS0), (q, k, v, beta, g, S0), need)]
-        return (*res, None, None)
+               for gr, t, n in zip(grads, (q, k, v, beta, g, S0), need)]
+        return (*res, None, None, None)
 
 
 def delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, *,
@@ -322,13 +319,13 @@ def delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Te
         mode: ``"parallel"`` | ``"recurrent"`` | ``"chunk"`` -- same outputs, different algorithms
             (see the module docstring). The Triton kernel implements ``"chunk"``.
         chunk_size: ``C`` for ``mode="chunk"``, a power of two in ``[1, 4096]`` (as for
-            :func:`attnlib.linear_attention`); the Triton kernel takes ``[16, 128]``.
+            :func:`attnlib.linear_attention`); the Triton kernel takes 16, 32 or 64.
         initial_state: ``[B, H, Dv, D]``, float32 (float64 for float64 inputs) -- e.g. a previous
             call's final state; the computation continues from it exactly.
         output_final_state: also return ``S_T [B, H, Dv, D]`` (float32; float64 for float64 inputs),
             a new tensor even when ``T = 0``.
         backend: ``"auto"`` (the chunk kernel where it applies: CUDA, fp16/bf16/fp32,
-            ``mode="chunk"``, chunk 16..128, head dims up to 256; the reference otherwise), ``"torch"``
+            ``mode="chunk"``, chunk 16..64, head dims up to 256; the reference otherwise), ``"torch"``
             or ``"triton"``.
 
     Checks: shapes, dtypes and devices always; the values of ``beta`` (finite, in ``[0, 2]``) and ``g``
@@ -353,7 +350,7 @@ def delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Te
                else None)
     which = choose_backend(backend, q, why_not=why_not)
     if which == "triton":
-        o, S = _TritonDeltaRule.apply(q, k, v, beta, g, initial_state, scale, chunk_size)
+        o, S = _TritonDeltaRule.apply(q, k, v, beta, g, initial_state, scale, chunk_size, output_final_state)
     elif mode == "recurrent":
         o, S = delta_rule_recurrent_reference(q, k, v, beta, g, scale=scale, initial_state=initial_state)
     elif mode == "chunk":

@@ -51,7 +51,7 @@ from ._backend import KERNEL_DTYPES, choose_backend
 from ._numerics import acc_dtype, causal_matmul, split_nonfinite
 
 MODES = ("parallel", "recurrent", "chunk")
-KERNEL_CHUNK_SIZES = (16, 128)
+KERNEL_CHUNK_SIZES = (16, 64)      # the chunked kernels' range (powers of two)
 FEATURE_MAPS = ("identity", "elu1", "relu", "favor+")
 NORMALIZE_EPS = 1e-6
 
@@ -218,10 +218,10 @@ class _TritonLinear(torch.autograd.Function):
     inputs that require one."""
 
     @staticmethod
-    def forward(ctx, q, k, v, S0, scale, causal, chunk_size, out_dtype):
+    def forward(ctx, q, k, v, S0, scale, causal, chunk_size, out_dtype, output_final_state):
         from .kernels.linear import linear_chunk_forward
         o, S = linear_chunk_forward(q, k, v, S0, scale=scale, causal=causal, chunk_size=chunk_size,
-                                    out_dtype=out_dtype)
+                                    out_dtype=out_dtype, output_final_state=output_final_state)
         ctx.save_for_backward(q, k, v, S0)
         ctx.scale, ctx.causal, ctx.chunk_size = scale, causal, chunk_size
         return o, S
@@ -232,11 +232,11 @@ class _TritonLinear(torch.autograd.Function):
         q, k, v, S0 = ctx.saved_tensors
         need = ctx.needs_input_grad
         if not any(need[:4]):
-            return (None,) * 8
+            return (None,) * 9
         dq, dk, dv, dS0 = linear_chunk_backward(q, k, v, S0, do, dS, scale=ctx.scale, causal=ctx.causal,
                                                 chunk_size=ctx.chunk_size, need_state_grad=need[3])
         grads = [g.to(t.dtype) if n else None for g, t, n in zip((dq, dk, dv), (q, k, v), need[:3])]
-        return (*grads, dS0.to(S0.dtype) if need[3] else None, None, None, None, None)
+        return (*grads, dS0.to(S0.dtype) if need[3] else None, None, None, None, None, None)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -306,12 +306,12 @@ def linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
             the last being ``z_t^T``.
         mode: ``"parallel"``, ``"recurrent"`` or ``"chunk"`` -- the same answer three ways.
         chunk_size: a power of two in [1, 4096] for the chunk reference; the Triton kernel takes
-            16..128.
+            16, 32 or 64.
         initial_state: ``S_0`` of shape ``[B, H, Dv (+1), D']``, float32 (float64 for float64
             inputs) -- e.g. a previous call's final state, which continues that sequence exactly.
         output_final_state: also return ``S_T`` (float32 / float64), a new tensor even when ``T = 0``.
         backend: ``"auto"`` (the Triton chunk kernel for CUDA tensors when it applies: ``mode="chunk"``,
-            fp16/bf16/fp32, chunk 16..128, dims up to 256; the reference otherwise), ``"torch"`` or
+            fp16/bf16/fp32, chunk 16..64, dims up to 256; the reference otherwise), ``"torch"`` or
             ``"triton"`` (``mode="chunk"`` only).
 
     Returns:
@@ -347,14 +347,16 @@ def linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
         qk = (qf.to(q.dtype), kf.to(q.dtype))
         out_dtype = torch.float32 if normalize else q.dtype    # the normaliser column can exceed fp16
         o, S = _TritonLinear.apply(*qk, _augment(v, normalize), initial_state, kernel_scale, causal,
-                                   chunk_size, out_dtype)
+                                   chunk_size, out_dtype, output_final_state)
     else:
         if identity_to_kernel:                                 # "auto" chose the reference after all
             qf, kf, Dphi = _map(q, k, scale, phi)
         acc = acc_dtype(q.dtype)
         o, S = _REFERENCES[mode](qf, kf, _augment(v.to(acc), normalize), initial_state,
                                  causal=causal, **({"chunk_size": chunk_size} if mode == "chunk" else {}))
-    o = _split_normaliser(o.to(acc_dtype(q.dtype)), normalize).to(q.dtype)
+    if normalize:                            # (the kernel wrote o in float32: see out_dtype above)
+        o = _split_normaliser(o.to(acc_dtype(q.dtype)), normalize)
+    o = o.to(q.dtype)
     if output_final_state and initial_state is not None and S.data_ptr() == initial_state.data_ptr():
         S = S.clone()                        # T = 0: a new tensor, never the caller's state itself
     return (o, S) if output_final_state else o

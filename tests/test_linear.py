@@ -236,11 +236,15 @@ def test_triton_kernel_with_initial_state_and_scale_matches_reference(causal, re
 
 
 def test_triton_kernel_fp16_inputs_accumulate_in_fp32(rel_err):
+    """float16 inputs: products accumulate in float32 and the final state is float32 (1e-3, float16's own
+    rounding of the inputs' products); the output's products with the per-chunk states and the score
+    tile take bfloat16 operands (``kernels/common/precision.py``), so it is within bfloat16's rounding:
+    2^-8 relative per operand here, where the interpreter truncates to bfloat16 (a GPU rounds to nearest)."""
     q, k, v = qkv(1, 2, 40, 16, 16, dtype=torch.float16, seed=2)
     o, S = linear_attention(q, k, v, chunk_size=16, backend="triton", output_final_state=True)
     ref, S_ref = linear_attention(q.double(), k.double(), v.double(), output_final_state=True)
     assert o.dtype == torch.float16 and S.dtype == torch.float32
-    assert rel_err(o, ref) < 5e-3 and rel_err(S, S_ref) < 5e-3
+    assert rel_err(o, ref) < 1e-2 and rel_err(S, S_ref) < 1e-3
 
 
 def test_triton_backward_matches_reference_gradients(rel_err):
@@ -300,7 +304,7 @@ def test_unknown_feature_map_mode_and_backend_are_rejected():
         linear_attention(q, k, v, backend="cuda")
     with pytest.raises(ValueError, match="implements mode='chunk'"):
         linear_attention(q.float(), k.float(), v.float(), mode="recurrent", backend="triton")
-    with pytest.raises(ValueError, match=r"chunk_size in \[16, 128\]; got 8"):
+    with pytest.raises(ValueError, match=r"chunk_size in \[16, 64\]; got 8"):
         linear_attention(q.float(), k.float(), v.float(), chunk_size=8, backend="triton")
 
 

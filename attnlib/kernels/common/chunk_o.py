@@ -3,21 +3,20 @@
 
 Notation as in ``chunk_state.py``; ``v`` is the chunk's ``v_new`` (delta rule) or ``V`` (linear
 attention); ``Gamma_ij = exp(G_i - G_j)`` inside the chunk (1 without gates); ``M`` the causal mask
-with the diagonal; ``P = scale (Q K^T . Gamma . M)``, the score tile, always float32.
+with the diagonal; ``P = scale (Q K^T . Gamma . M)``, the score tile, accumulated in float32.
 
 * ``_fwd_o_kernel``, grid ``(cdiv(Dv, BLOCK_V), chunks, B * H)``:
-  ``O = scale (Q h_c) . exp(G) + P v``. With ``FINAL`` it reads one state for all chunks and skips the
-  intra-chunk term (non-causal linear attention, ``O = scale Q h_T``); the state's strides are
-  arguments, so the same kernel multiplies any rows by any per-head matrix (the non-causal backward
-  uses it for ``dQ, dK, dV``).
+  ``O = scale (Q h_c) . exp(G) + P v``, walking ``D`` in ``BLOCK_K`` tiles for both ``Q h_c`` and
+  ``Q K^T``. With ``FINAL`` it reads one state for all chunks and skips the intra-chunk term
+  (non-causal linear attention, ``O = scale Q h_T``); the state's strides are arguments, so the same
+  kernel multiplies any rows by any per-head matrix (the non-causal backward uses it for ``dQ, dK, dV``).
 * ``_bwd_dv_local_kernel``, same grid: ``dv_local = P^T dO``, the gradient of ``v`` through this
   chunk's own outputs.
 * ``_bwd_dqk_kernel``, grid ``(cdiv(D, BLOCK_K), chunks, B * H)``: one program owns ``BLOCK_K`` key
-  columns (at most 64 on a GPU, ``launch.key_block``) of one chunk. It holds float32 accumulators
-  ``dQ, dK (, dW) [CHUNK, BLOCK_K]`` and ``dP = dO v^T [CHUNK, CHUNK]`` (every key tile recomputes
-  ``dP``: it needs all of ``Dv`` but no key column) and loops over the value tiles, reading
-  ``v, dO`` and the ``[BLOCK_K, BLOCK_V]`` tiles of ``h_c, dh = dL/dh_{c+1}`` (and ``dv_new``); it
-  loads its ``Q, K [CHUNK, BLOCK_K]`` columns only after that loop, so they are not live during it:
+  columns of one chunk. It holds float32 accumulators ``dQ, dK (, dW) [CHUNK, BLOCK_K]`` and
+  ``dP = dO v^T [CHUNK, CHUNK]`` and loops over the value tiles, reading ``v, dO`` and the
+  ``[BLOCK_K, BLOCK_V]`` tiles of ``h_c, dh = dL/dh_{c+1}`` (and ``dv_new``); it loads its
+  ``Q, K [CHUNK, BLOCK_K]`` columns only after that loop, so they are not live during it:
 
       dQ = scale (dO h_c^T) . exp(G) + (dP . scale Gamma . M) K
       dK = (v dh^T) . e + (dP . scale Gamma . M)^T Q                 (e_t = exp(g_last - G_t))
@@ -26,11 +25,13 @@ with the diagonal; ``P = scale (Q K^T . Gamma . M)``, the score tile, always flo
            + [t = last] (exp(g_last) sum(h_c . dh) + sum(dK_state . K))
 
   (``dQ_state``/``dK_state`` are the first terms of ``dQ``/``dK``). ``dG`` is the gradient of the
-  chunk-local gate cumsum; the gradient of ``g`` is its reverse cumsum (``cumsum.py``). Every term of
-  ``dG`` is a sum over key columns (``P`` is linear in ``Q K^T``), so each key tile writes its part to
-  ``[cdiv(D, BLOCK_K), B, H, T]`` and the wrapper adds the parts. Splitting ``D`` keeps fewer float32
-  tiles live: holding all of ``D = 128`` spilled registers (``scripts/kernel_resources.py``).
+  chunk-local gate cumsum; every term is a sum over key columns (``P`` is linear in ``Q K^T``), so each
+  key tile writes its part to ``[cdiv(D, BLOCK_K), B, H, T]`` float32, and the WY backward adds the
+  parts (``../delta/wy.py``). When ``BLOCK_K`` covers ``D`` the value tiles' ``dP`` is formed once per
+  chunk; narrower key tiles trade that recomputation for registers (the autotuner chooses).
 
+Precision (``precision.py``): products with ``h``, ``dh`` or a score tile take ``WIDE`` operands,
+products of inputs (``Q K^T``, ``dO v^T``) the input dtype. Outputs are written in the inputs' dtype.
 Rows past ``T`` load as zero and are not stored.
 """
 
@@ -41,28 +42,35 @@ import triton
 import triton.language as tl
 
 from .chunk_tiles import chunk_gates, chunk_rows, decay_to_end, gate_ratio, load_chunk, store_chunk
-from .launch import dim_block, key_block, num_chunks, precisions, stages, value_block, warps
+from .launch import autotuned, head_block, interpret_config, num_chunks, pruner
+from .precision import dot, io_dtype, wide_dtype
 
 
 @triton.jit
 def _fwd_o_kernel(Q, K, V, Hs, G, O,
                   stride_hbh, stride_hc, stride_hd, stride_hv,
                   T, D, DV, scale,
-                  CHUNK: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr,
-                  FINAL: tl.constexpr, GATED: tl.constexpr, PIN: tl.constexpr, P32: tl.constexpr):
+                  CHUNK: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr,
+                  FINAL: tl.constexpr, GATED: tl.constexpr, IO: tl.constexpr, WIDE: tl.constexpr):
     c = tl.program_id(1)
     bh = tl.program_id(2).to(tl.int64)
-    offs_c, offs_d, t, tmask, kd = chunk_rows(c, T, D, CHUNK, BLOCK_D)
+    offs_c, _, t, tmask, _ = chunk_rows(c, T, D, CHUNK, BLOCK_K)
     offs_v = tl.program_id(0) * BLOCK_V + tl.arange(0, BLOCK_V)
     vmask = offs_v < DV
     kv = tmask[:, None] & vmask[None, :]
-    q = load_chunk(Q, bh, T, t, offs_d, D, kd)
-    h = tl.load(Hs + bh * stride_hbh + c * stride_hc + offs_d[:, None] * stride_hd + offs_v[None, :] * stride_hv,
-                mask=(offs_d < D)[:, None] & vmask[None, :], other=0.0).to(tl.float32)
-    o = tl.dot(q.to(tl.float32), h, input_precision=P32)                        # Q h_c, [CHUNK, BLOCK_V]
+    o = tl.zeros([CHUNK, BLOCK_V], dtype=tl.float32)
+    s = tl.zeros([CHUNK, CHUNK], dtype=tl.float32)
+    h_base = Hs + bh * stride_hbh + c * stride_hc
+    for k0 in range(0, D, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        kd = tmask[:, None] & (offs_k < D)[None, :]
+        q = load_chunk(Q, bh, T, t, offs_k, D, kd)
+        h = tl.load(h_base + offs_k[:, None] * stride_hd + offs_v[None, :] * stride_hv,
+                    mask=(offs_k < D)[:, None] & vmask[None, :], other=0.0)
+        o += dot(q, h, WIDE)                                                       # Q h_c
+        if not FINAL:
+            s += dot(q, tl.trans(load_chunk(K, bh, T, t, offs_k, D, kd)), IO)       # Q K^T
     if not FINAL:
-        k = load_chunk(K, bh, T, t, offs_d, D, kd)
-        s = tl.dot(q, tl.trans(k), input_precision=PIN)                          # fp32 scores
         mask = (offs_c[:, None] >= offs_c[None, :]) & tmask[:, None]              # rows past T: no exp(+big)
         if GATED:
             g = tl.load(G + bh * T + t, mask=tmask, other=0.0)
@@ -70,38 +78,40 @@ def _fwd_o_kernel(Q, K, V, Hs, G, O,
             s = s * gate_ratio(g[:, None], g[None, :], mask)
         else:
             s = tl.where(mask, s, 0.0)
-        v = load_chunk(V, bh, T, t, offs_v, DV, kv).to(tl.float32)
-        o += tl.dot(s, v, input_precision=P32)                                  # the score tile stays fp32
+        o += dot(s, load_chunk(V, bh, T, t, offs_v, DV, kv), WIDE)                 # + (Q K^T . Gamma . M) v
     store_chunk(O, (o * scale).to(O.dtype.element_ty), bh, T, t, offs_v, DV, kv)
 
 
 @triton.jit
 def _bwd_dv_local_kernel(Q, K, G, DO, DV_OUT, T, D, DV, scale,
-                         CHUNK: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr,
-                         GATED: tl.constexpr, PIN: tl.constexpr, P32: tl.constexpr):
+                         CHUNK: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr,
+                         GATED: tl.constexpr, IO: tl.constexpr, WIDE: tl.constexpr):
     c = tl.program_id(1)
     bh = tl.program_id(2).to(tl.int64)
-    offs_c, offs_d, t, tmask, kd = chunk_rows(c, T, D, CHUNK, BLOCK_D)
+    offs_c, _, t, tmask, _ = chunk_rows(c, T, D, CHUNK, BLOCK_K)
     offs_v = tl.program_id(0) * BLOCK_V + tl.arange(0, BLOCK_V)
     kv = tmask[:, None] & (offs_v < DV)[None, :]
-    q = load_chunk(Q, bh, T, t, offs_d, D, kd)
-    k = load_chunk(K, bh, T, t, offs_d, D, kd)
-    st = tl.dot(k, tl.trans(q), input_precision=PIN)                             # P^T: rows j, columns i
-    mask = (offs_c[:, None] <= offs_c[None, :]) & tmask[None, :]                 # j <= i < T
+    st = tl.zeros([CHUNK, CHUNK], dtype=tl.float32)                               # P^T: rows j, columns i
+    for k0 in range(0, D, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        kd = tmask[:, None] & (offs_k < D)[None, :]
+        st += dot(load_chunk(K, bh, T, t, offs_k, D, kd), tl.trans(load_chunk(Q, bh, T, t, offs_k, D, kd)), IO)
+    mask = (offs_c[:, None] <= offs_c[None, :]) & tmask[None, :]                  # j <= i < T
     if GATED:
         g = tl.load(G + bh * T + t, mask=tmask, other=0.0)
         st = st * gate_ratio(g[None, :], g[:, None], mask)
     else:
         st = tl.where(mask, st, 0.0)
-    do = load_chunk(DO, bh, T, t, offs_v, DV, kv).to(tl.float32)
-    store_chunk(DV_OUT, tl.dot(st, do, input_precision=P32) * scale, bh, T, t, offs_v, DV, kv)
+    dv = dot(st, load_chunk(DO, bh, T, t, offs_v, DV, kv), WIDE) * scale
+    store_chunk(DV_OUT, dv.to(DV_OUT.dtype.element_ty), bh, T, t, offs_v, DV, kv)
 
 
 @triton.jit
 def _bwd_dqk_kernel(Q, K, V, Hs, DHs, DVNEW, G, DO, DQ, DK, DW, DG,
                     T, D, DV, NT, scale,
                     CHUNK: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr,
-                    DELTA: tl.constexpr, GATED: tl.constexpr, NEED_DK: tl.constexpr, P32: tl.constexpr):
+                    DELTA: tl.constexpr, GATED: tl.constexpr, NEED_DK: tl.constexpr,
+                    IO: tl.constexpr, WIDE: tl.constexpr):
     c = tl.program_id(1)
     bh = tl.program_id(2).to(tl.int64)
     offs_c, _, t, tmask, _ = chunk_rows(c, T, D, CHUNK, BLOCK_K)
@@ -119,21 +129,20 @@ def _bwd_dqk_kernel(Q, K, V, Hs, DHs, DVNEW, G, DO, DQ, DK, DW, DG,
         vmask = offs_v < DV
         kv = tmask[:, None] & vmask[None, :]
         hm = kmask[:, None] & vmask[None, :]
-        v = load_chunk(V, bh, T, t, offs_v, DV, kv).to(tl.float32)
-        do = load_chunk(DO, bh, T, t, offs_v, DV, kv).to(tl.float32)
+        v = load_chunk(V, bh, T, t, offs_v, DV, kv)
+        do = load_chunk(DO, bh, T, t, offs_v, DV, kv)
         h = tl.load(Hs + h_base + offs_k[:, None] * DV + offs_v[None, :], mask=hm, other=0.0)
-        dp += tl.dot(do, tl.trans(v), input_precision=P32)
-        dq += tl.dot(do, tl.trans(h), input_precision=P32)
+        dp += dot(do, tl.trans(v), IO)
+        dq += dot(do, tl.trans(h), WIDE)
         if NEED_DK:
             dh = tl.load(DHs + h_base + offs_k[:, None] * DV + offs_v[None, :], mask=hm, other=0.0)
-            dk += tl.dot(v, tl.trans(dh), input_precision=P32)
+            dk += dot(v, tl.trans(dh), WIDE)
             if DELTA:
-                dvn = load_chunk(DVNEW, bh, T, t, offs_v, DV, kv)
-                dw -= tl.dot(dvn, tl.trans(h), input_precision=P32)
+                dw -= dot(load_chunk(DVNEW, bh, T, t, offs_v, DV, kv), tl.trans(h), WIDE)
             if GATED:
-                hdh += tl.sum(h * dh, axis=1)
-    q = load_chunk(Q, bh, T, t, offs_k, D, kd).to(tl.float32)                    # loaded after the loop:
-    k = load_chunk(K, bh, T, t, offs_k, D, kd).to(tl.float32)                    # not live during it
+                hdh += tl.sum(h.to(tl.float32) * dh.to(tl.float32), axis=1)
+    q = load_chunk(Q, bh, T, t, offs_k, D, kd)                                   # loaded after the loop:
+    k = load_chunk(K, bh, T, t, offs_k, D, kd)                                   # not live during it
     mask = (offs_c[:, None] >= offs_c[None, :]) & tmask[:, None]
     dq = dq * scale
     if GATED:
@@ -141,37 +150,72 @@ def _bwd_dqk_kernel(Q, K, V, Hs, DHs, DVNEW, G, DO, DQ, DK, DW, DG,
         last = tl.minimum(c * CHUNK + CHUNK, T) - 1
         dq = dq * tl.exp(g)[:, None]
         ds = dp * gate_ratio(g[:, None], g[None, :], mask) * scale               # dP . scale Gamma . M
-        dg = tl.sum(dq * q, axis=1)
+        dg = tl.sum(dq * q.to(tl.float32), axis=1)
         if NEED_DK:
             dk = dk * decay_to_end(g, g_last, tmask)[:, None]
-            dk_k = tl.sum(dk * k, axis=1)
-            r = ds * tl.dot(q, tl.trans(k), input_precision=P32)                # dP . P, this key tile's part
+            dk_k = tl.sum(dk * k.to(tl.float32), axis=1)
+            r = ds * dot(q, tl.trans(k), IO)                                       # dP . P, this key tile's part
             dg += tl.sum(r, axis=1) - tl.sum(r, axis=0) - dk_k
             dg += tl.where(t == last, tl.sum(dk_k, axis=0) + tl.exp(g_last) * tl.sum(hdh, axis=0), 0.0)
             tl.store(DG + (tl.program_id(0) * tl.num_programs(2) + bh) * T + t, dg, mask=tmask)
     else:
         ds = tl.where(mask, dp * scale, 0.0)
-    dq += tl.dot(ds, k, input_precision=P32)
-    store_chunk(DQ, dq, bh, T, t, offs_k, D, kd)
+    dq += dot(ds, k, WIDE)
+    store_chunk(DQ, dq.to(DQ.dtype.element_ty), bh, T, t, offs_k, D, kd)
     if NEED_DK:
-        dk += tl.dot(tl.trans(ds), q, input_precision=P32)
-        store_chunk(DK, dk, bh, T, t, offs_k, D, kd)
+        dk += dot(tl.trans(ds), q, WIDE)
+        store_chunk(DK, dk.to(DK.dtype.element_ty), bh, T, t, offs_k, D, kd)
         if DELTA:
-            store_chunk(DW, dw, bh, T, t, offs_k, D, kd)
+            store_chunk(DW, dw.to(DW.dtype.element_ty), bh, T, t, offs_k, D, kd)
 
 
-def _grid_v(DV, D, T, chunk, BH, dev, block_v=None):
-    BLOCK_V = value_block(DV, D, dev, block_v)
-    return BLOCK_V, (triton.cdiv(DV, BLOCK_V), num_chunks(T, chunk), BH)
+# ----------------------------------------------------------------------------- tiles and autotuning
+# Candidates (BLOCK_K, BLOCK_V, warps, stages); the last of each list is the small fallback. Every
+# program holds [CHUNK, CHUNK] and [CHUNK, BLOCK_*] float32 accumulators; its streamed tiles are
+# pipelined ``stages`` deep.
+
+def _cfgs(shapes):
+    return [triton.Config({"BLOCK_K": bk, "BLOCK_V": bv}, num_warps=w, num_stages=s) for bk, bv, w, s in shapes]
+
+
+OUTPUT_CONFIGS = _cfgs([(64, 64, 4, 2), (64, 64, 8, 3), (128, 64, 8, 2), (64, 128, 8, 2), (32, 64, 4, 2),
+                        (32, 32, 4, 1)])
+# The dq/dk kernel's key tile is the wrapper's (``dqk_key_block``): its candidates tune the rest.
+DQK_CONFIGS = [triton.Config({"BLOCK_V": bv}, num_warps=w, num_stages=s) for bv, w, s in
+               [(64, 4, 2), (64, 8, 2), (32, 4, 2), (32, 8, 2), (32, 4, 1)]]
+SPILLS: dict = {}
+
+
+def _smem(cfg, args):
+    bk = cfg.kwargs.get("BLOCK_K", args.get("BLOCK_K"))
+    bv, c, es = cfg.kwargs["BLOCK_V"], args["CHUNK"], args["Q"].element_size()
+    streamed = c * (2 * bk + 2 * bv) * es + bk * bv * 4               # two key-like, two value-like tiles, h
+    return max(cfg.num_stages, 1) * streamed + c * c * 4
+
+
+def _width(args):
+    return max(head_block(args["D"]), head_block(args["DV"]))
+
+
+_fwd_o = autotuned(_fwd_o_kernel, OUTPUT_CONFIGS, ["D", "DV", "CHUNK", "FINAL", "GATED"],
+                   pruner(_smem, SPILLS, _width, "Q"))
+_dv_local = autotuned(_bwd_dv_local_kernel, OUTPUT_CONFIGS, ["D", "DV", "CHUNK", "GATED"],
+                      pruner(_smem, SPILLS, _width, "Q"))
+_dqk = autotuned(_bwd_dqk_kernel, DQK_CONFIGS, ["D", "DV", "CHUNK", "DELTA", "GATED", "NEED_DK"],
+                 pruner(_smem, SPILLS, _width, "Q"))
+
+
+def _interpret_tiles(configs, D, DV, block_k, block_v):
+    return interpret_config(configs, BLOCK_K=block_k or head_block(D), BLOCK_V=block_v or head_block(DV))
 
 
 def chunk_fwd_o(q, k, v, h, *, G=None, scale: float, chunk_size: int, out_dtype=None, final: bool = False,
-                block_v=None):
+                block_k=None, block_v=None):
     """``O = scale ((Q h_c) . exp(G) + (Q K^T . Gamma . M) v)`` per chunk.
 
-    ``q, k: [B, H, T, D]``, ``v: [B, H, T, Dv]``; ``h``: the per-chunk states ``[B, H, NT, D, Dv]``
-    float32, or with ``final=True`` one matrix per head given as ``S [B, H, Dv, D]`` (then
-    ``O = scale Q S^T`` and ``k, v, G`` are unused). Returns ``o [B, H, T, Dv]`` in ``out_dtype``.
+    ``q, k: [B, H, T, D]``, ``v: [B, H, T, Dv]``; ``h``: the per-chunk states ``[B, H, NT, D, Dv]``, or
+    with ``final=True`` one matrix per head given as ``S [B, H, Dv, D]`` (then ``O = scale Q S^T`` and
+    ``k, v, G`` are unused). Returns ``o [B, H, T, Dv]`` in ``out_dtype`` (default q's).
     """
     B, H, T, D = q.shape
     DV = h.shape[-2] if final else v.shape[-1]
@@ -182,70 +226,61 @@ def chunk_fwd_o(q, k, v, h, *, G=None, scale: float, chunk_size: int, out_dtype=
         return o.zero_()
     if final:
         h = h.contiguous()
-        strides = (DV * D, 0, 1, D)                              # h[d, v] = S[v, d]
+        strides = (DV * D, 0, 1, D)                                      # h[d, v] = S[v, d]
     else:
         NT = h.shape[2]
         strides = (NT * D * DV, D * DV, DV, 1)
-    BLOCK_V, grid = _grid_v(DV, D, T, chunk_size, B * H, q.device, block_v)
-    BLOCK_D = dim_block(D)
-    pin, p32 = precisions(q.dtype)
-    _fwd_o_kernel[grid](q, k if k is not None else q, v if v is not None else q, h,
-                        G if G is not None else h, o, *strides, T, D, DV, float(scale),
-                        CHUNK=chunk_size, BLOCK_D=BLOCK_D, BLOCK_V=BLOCK_V, FINAL=final,
-                        GATED=G is not None, PIN=pin, P32=p32,
-                        num_warps=warps(chunk_size, max(BLOCK_D, BLOCK_V)), num_stages=stages(q.device))
+    grid = lambda meta: (triton.cdiv(DV, meta["BLOCK_V"]), num_chunks(T, chunk_size), B * H)  # noqa: E731
+    _fwd_o[grid](q, k, v, h, G, o, *strides, T, D, DV, float(scale),
+                 CHUNK=chunk_size, FINAL=final, GATED=G is not None, IO=io_dtype(q.dtype),
+                 WIDE=wide_dtype(q.dtype), **_interpret_tiles(OUTPUT_CONFIGS, D, DV, block_k, block_v))
     return o
 
 
-def chunk_bwd_dv_local(q, k, do, *, G=None, scale: float, chunk_size: int, block_v=None):
-    """``dv_local = scale (Q K^T . Gamma . M)^T dO`` per chunk, float32 ``[B, H, T, Dv]``."""
+def chunk_bwd_dv_local(q, k, do, *, G=None, scale: float, chunk_size: int, block_k=None, block_v=None):
+    """``dv_local = scale (Q K^T . Gamma . M)^T dO`` per chunk, ``[B, H, T, Dv]`` in q's dtype."""
     B, H, T, D = q.shape
     DV = do.shape[-1]
-    dv = torch.empty(B, H, T, DV, device=q.device, dtype=torch.float32)
+    dv = torch.empty(B, H, T, DV, device=q.device, dtype=q.dtype)
     if dv.numel() == 0:
         return dv
-    BLOCK_V, grid = _grid_v(DV, D, T, chunk_size, B * H, q.device, block_v)
-    pin, p32 = precisions(q.dtype)
-    _bwd_dv_local_kernel[grid](q, k, G if G is not None else dv, do, dv, T, D, DV, float(scale),
-                               CHUNK=chunk_size, BLOCK_D=dim_block(D), BLOCK_V=BLOCK_V, GATED=G is not None,
-                               PIN=pin, P32=p32, num_warps=warps(chunk_size, dim_block(D)),
-                               num_stages=stages(q.device))
+    grid = lambda meta: (triton.cdiv(DV, meta["BLOCK_V"]), num_chunks(T, chunk_size), B * H)  # noqa: E731
+    _dv_local[grid](q, k, G, do, dv, T, D, DV, float(scale), CHUNK=chunk_size, GATED=G is not None,
+                    IO=io_dtype(q.dtype), WIDE=wide_dtype(q.dtype),
+                    **_interpret_tiles(OUTPUT_CONFIGS, D, DV, block_k, block_v))
     return dv
+
+
+def dqk_key_block(D: int) -> int:
+    """Key columns per program of the dq/dk kernel: the whole head up to 64 (so ``dP`` is formed once
+    per chunk), 64 beyond. Chosen here, not by the autotuner, because the gates' gradient is written
+    in one part per key tile, and the buffer of parts is allocated before the launch."""
+    return min(64, head_block(D))
 
 
 def chunk_bwd_dqk(q, k, v, h, do, *, dh=None, dvnew=None, G=None, scale: float, chunk_size: int,
                   delta: bool = False, block_v=None, block_k=None):
-    """``dQ`` (and, when ``dh`` is given, ``dK``, ``dW`` for the delta rule and ``dG`` with gates), float32.
-
-    ``v``: the chunk values (``v_new`` for the delta rule); ``h``/``dh``: ``[B, H, NT, D, Dv]`` float32;
-    ``dvnew``: ``[B, H, T, Dv]`` float32 (delta rule). Returns ``(dq, dk, dw, dG)`` (None where not computed).
-    ``block_v``/``block_k`` force the tile widths.
+    """``dQ`` (and, when ``dh`` is given, ``dK``, ``dW`` for the delta rule and the parts of ``dG`` with
+    gates). ``v``: the chunk values (``v_new`` for the delta rule); ``h``/``dh``: ``[B, H, NT, D, Dv]``;
+    ``dvnew``: ``[B, H, T, Dv]`` (delta rule). Returns ``(dq, dk, dw, dG_parts)`` -- the first three in
+    q's dtype, ``dG_parts [NK, B, H, T]`` float32 (one part per key tile, summed by the WY backward) --
+    None where not computed. ``block_v``/``block_k`` force the tile widths (interpreter tests).
     """
     B, H, T, D = q.shape
     DV = v.shape[-1]
     NT = num_chunks(T, chunk_size)
     need_dk = dh is not None
-    f32 = dict(device=q.device, dtype=torch.float32)
-    BLOCK_K = key_block(D, q.device, block_k)
-    NK = triton.cdiv(D, BLOCK_K)
-    dq = torch.empty(B, H, T, D, **f32)
-    dk = torch.empty(B, H, T, D, **f32) if need_dk else None
-    dw = torch.empty(B, H, T, D, **f32) if need_dk and delta else None
-    dG_parts = torch.empty(NK, B, H, T, **f32) if need_dk and G is not None else None   # one per key tile
+    BLOCK_K = block_k or dqk_key_block(D)
+    dq = torch.empty(B, H, T, D, device=q.device, dtype=q.dtype)
+    dk = torch.empty_like(dq) if need_dk else None
+    dw = torch.empty_like(dq) if need_dk and delta else None
+    dG_parts = (torch.empty(triton.cdiv(D, BLOCK_K), B, H, T, device=q.device, dtype=torch.float32)
+                if need_dk and G is not None else None)
     if dq.numel() == 0:
-        return dq, dk, dw, (dG_parts.sum(0) if dG_parts is not None else None)
-    BLOCK_V = value_block(DV, D, q.device, block_v)
-    _, p32 = precisions(q.dtype)
-    dummy = dq
-    _bwd_dqk_kernel[(NK, NT, B * H)](
-        q, k, v, h, dh if dh is not None else dummy, dvnew if dvnew is not None else dummy,
-        G if G is not None else dummy, do, dq, dk if dk is not None else dummy,
-        dw if dw is not None else dummy, dG_parts if dG_parts is not None else dummy,
-        T, D, DV, NT, float(scale),
-        CHUNK=chunk_size, BLOCK_K=BLOCK_K, BLOCK_V=BLOCK_V, DELTA=delta, GATED=G is not None,
-        NEED_DK=need_dk, P32=p32, num_stages=1,                                      # see launch.kernel_chunk
-        num_warps=8 if chunk_size >= 64 and need_dk else 4)   # 4 spill there: scripts/kernel_resources.py
-    dG = None
-    if dG_parts is not None:
-        dG = dG_parts.select(0, 0) if NK == 1 else dG_parts.sum(0)                        # the key tiles' parts of dG
-    return dq, dk, dw, dG
+        return dq, dk, dw, dG_parts
+    tiles = interpret_config(DQK_CONFIGS, BLOCK_V=block_v or head_block(DV))
+    grid = lambda meta: (triton.cdiv(D, BLOCK_K), NT, B * H)  # noqa: E731
+    _dqk[grid](q, k, v, h, dh, dvnew, G, do, dq, dk, dw, dG_parts, T, D, DV, NT, float(scale),
+               CHUNK=chunk_size, BLOCK_K=BLOCK_K, DELTA=delta, GATED=G is not None, NEED_DK=need_dk,
+               IO=io_dtype(q.dtype), WIDE=wide_dtype(q.dtype), **tiles)
+    return dq, dk, dw, dG_parts

@@ -1,17 +1,19 @@
-"""The WY (UT) representation of a chunk of delta-rule steps, forward and backward. Everything here
-is independent per chunk: the grid of every kernel is ``(chunks, B * H)``.
+"""The WY (UT) representation of a chunk of delta-rule steps, forward and backward, one kernel each.
+Everything here is independent per chunk: the grid of both kernels is ``(chunks, B * H)``.
 
-Per chunk (rows ``K [C, D]``, ``V [C, Dv]``, ``beta [C]``, chunk-local gate cumsum ``G [C]``,
-``gamma = exp(G)``, ``Gamma_ij = exp(G_i - G_j)``):
+Per chunk (rows ``K [C, D]``, ``V [C, Dv]``, ``beta [C]``, log-gates ``g [C]``, their chunk-local cumsum
+``G``, ``gamma = exp(G)``, ``Gamma_ij = exp(G_i - G_j)``):
 
-    A  = strictly_lower(diag(beta) (K K^T . Gamma))        _kkt_kernel     -> A  [B, H, T, C] float32
-    Ai = (I + A)^{-1}                                       ../common/solve_tril.py
-    W  = Ai (beta gamma . K),   U = Ai (beta . V)           _w_u_kernel     -> W [B, H, T, D], U [B, H, T, Dv]
+    A  = strictly_lower(diag(beta) (K K^T . Gamma))
+    Ai = (I + A)^{-1}
+    W  = Ai (beta gamma . K),   U = Ai (beta . V)
 
-``_kkt_kernel``: one program loads ``K [CHUNK, BLOCK_D]`` (all of D), forms ``K K^T`` with one ``tl.dot``
-(fp32 accumulation), scales and masks it and writes the ``[CHUNK, CHUNK]`` tile.
-``_w_u_kernel``: one program loads ``Ai [CHUNK, CHUNK]`` and ``K``, writes ``W``, then loops over
-``BLOCK_V``-wide value tiles writing ``U``.
+``_wy_fwd_kernel`` does all of it in one program per chunk: it scans the gates into ``G`` (stored: the
+later kernels read it), accumulates ``K K^T`` over key tiles of ``BLOCK_K`` columns, inverts ``I + A`` in
+registers (``../common/solve_tril.py``), and writes ``W`` (key tiles) and ``U`` (value tiles of
+``BLOCK_V``). ``A`` and ``Ai`` never reach memory, and nothing is saved for the backward but the
+inputs: the backward runs this kernel again (it needs ``W, U`` and ``G``), which costs one ``K K^T`` and a
+solve per chunk and saves writing, and twice reading, a ``[T, C]`` matrix.
 
 Backward (``_wy_bwd_kernel``), given ``dW`` and ``dU`` (= the gradient of ``v_new = U - W h``):
 
@@ -21,15 +23,17 @@ Backward (``_wy_bwd_kernel``), given ``dW`` and ``dU`` (= the gradient of ``v_ne
     dG   += rowsum((Ai^T dW) . beta gamma K) + rowsum(dA . A) - colsum(dA . A)
     with dAi = dW (beta gamma K)^T + dU (beta V)^T  and  dA = -(Ai^T dAi Ai^T), strictly lower.
 
-One program per chunk holds only ``[CHUNK, CHUNK]`` float32 tiles across its loops -- ``Ai``, the
-accumulators ``dAi`` and ``K K^T``, then ``dA`` -- and walks ``D`` in ``BLOCK_K``-wide key tiles (on a
-GPU at most 64 and at most the chunk, ``launch.key_block``): (1) key tiles: ``dAi = dW (beta gamma
-K)^T``, ``K K^T`` and the ``Ai^T dW`` parts of ``dbeta``, ``dG``; (2) value tiles: ``dV`` and the ``dU``
-part of ``dAi``; (3) key tiles again: ``dK``, recomputing ``Ai^T dW`` rather than holding it, added into
-the tensor the output backward wrote (the same program owns those rows: no atomics), as is ``dG``.
-Holding ``K``, ``dW``, ``Ai^T dW`` and ``dK`` for all of ``D`` at once spilled registers
-(``scripts/kernel_resources.py``); so did 4 warps at chunk 64 (8 are launched there). All products with
-``Ai`` or gradients run in float32 (tf32 on a GPU for half inputs).
+One program per chunk: (0) key tiles: ``K K^T``, then ``Ai`` in registers, as in the forward;
+(1) key tiles: ``dAi = dW (beta gamma K)^T`` and the ``Ai^T dW`` parts of ``dbeta``, ``dG``; (2) value
+tiles: ``dV`` and the ``dU`` part of ``dAi``; (3) key tiles again: ``dK``, recomputing ``Ai^T dW`` rather than
+holding it, added into the tensor the output backward wrote (the same program owns those rows: no
+atomics). With gates it then adds the output backward's parts of ``dG`` (one per key tile of that
+kernel) and turns ``dG`` into ``dg`` by the reverse cumsum inside the chunk -- the gradient of the
+forward scan -- so no other launch touches the gates.
+
+Precision (``../common/precision.py``): ``K K^T`` and every product with ``Ai`` or a gradient take
+operands in the input dtype (all bounded by the inputs for normalised keys: ``|Ai| <= 2`` for
+``beta <= 2``); the inverse's 16 x 16 blocks are forward-substituted in float32. Float32 inputs: exact.
 """
 
 from __future__ import annotations
@@ -39,81 +43,78 @@ import triton
 import triton.language as tl
 
 from ..common.chunk_tiles import chunk_rows, gate_ratio, load_chunk, store_chunk
-from ..common.launch import dim_block, key_block, num_chunks, precisions, stages, value_block, warps
+from ..common.launch import autotuned, head_block, interpret_config, num_chunks, pruner
+from ..common.precision import dot, io_dtype
+from ..common.solve_tril import tril_inverse
 
 
 @triton.jit
-def _kkt_kernel(K, BETA, G, A, T, D,
-                CHUNK: tl.constexpr, BLOCK_D: tl.constexpr, GATED: tl.constexpr, PIN: tl.constexpr):
-    bh = tl.program_id(1).to(tl.int64)
-    offs_c, offs_d, t, tmask, kd = chunk_rows(tl.program_id(0), T, D, CHUNK, BLOCK_D)
-    k = load_chunk(K, bh, T, t, offs_d, D, kd)
+def _chunk_inverse(K, BETA, g, bh, T, D, t, tmask, offs_c,
+                   CHUNK: tl.constexpr, BLOCK_K: tl.constexpr, GATED: tl.constexpr, IO: tl.constexpr):
+    """``(Ai, K K^T, beta, beta gamma)`` of one chunk whose gate cumsum is ``g [CHUNK]`` (``GATED``):
+    ``Ai = (I + A)^{-1}`` and ``K K^T`` as float32 ``[CHUNK, CHUNK]`` tiles (0 past ``T``), ``beta`` and
+    ``beta gamma`` float32 ``[CHUNK]``."""
+    kk = tl.zeros([CHUNK, CHUNK], dtype=tl.float32)
+    for k0 in range(0, D, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        k = load_chunk(K, bh, T, t, offs_k, D, tmask[:, None] & (offs_k < D)[None, :])
+        kk += dot(k, tl.trans(k), IO)
     beta = tl.load(BETA + bh * T + t, mask=tmask, other=0.0).to(tl.float32)
-    a = tl.dot(k, tl.trans(k), input_precision=PIN)                           # K K^T, fp32
     strict = (offs_c[:, None] > offs_c[None, :]) & tmask[:, None]
+    a = kk
+    bg = beta
     if GATED:
-        g = tl.load(G + bh * T + t, mask=tmask, other=0.0)
         a = a * gate_ratio(g[:, None], g[None, :], strict)
+        bg = beta * tl.exp(g)
     a = tl.where(strict, a * beta[:, None], 0.0)
-    store_chunk(A, a, bh, T, t, offs_c, CHUNK, tmask[:, None])
+    return tril_inverse(a, CHUNK, IO), kk, beta, bg
 
 
 @triton.jit
-def _chunk_ai_beta_k(Ai, BETA, K, bh, T, D, t, tmask, offs_c, offs_d, kd, CHUNK: tl.constexpr):
-    """A chunk's ``(I + A)^{-1}`` tile ``[CHUNK, CHUNK]``, its ``beta [CHUNK]`` and ``K [CHUNK, BLOCK_D]``,
-    float32 (0 past ``T``): what the W/U recomputation starts from."""
-    ai = load_chunk(Ai, bh, T, t, offs_c, CHUNK, tmask[:, None])
-    beta = tl.load(BETA + bh * T + t, mask=tmask, other=0.0).to(tl.float32)
-    k = load_chunk(K, bh, T, t, offs_d, D, kd).to(tl.float32)
-    return ai, beta, k
-
-
-@triton.jit
-def _w_u_kernel(K, V, BETA, G, Ai, W, U, T, D, DV,
-                CHUNK: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr,
-                GATED: tl.constexpr, P32: tl.constexpr):
+def _wy_fwd_kernel(K, V, BETA, GLOG, G, W, U, T, D, DV,
+                   CHUNK: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr,
+                   GATED: tl.constexpr, IO: tl.constexpr):
     bh = tl.program_id(1).to(tl.int64)
-    offs_c, offs_d, t, tmask, kd = chunk_rows(tl.program_id(0), T, D, CHUNK, BLOCK_D)
-    ai, beta, k = _chunk_ai_beta_k(Ai, BETA, K, bh, T, D, t, tmask, offs_c, offs_d, kd, CHUNK)
-    kb = k * beta[:, None]
-    if GATED:
-        g = tl.load(G + bh * T + t, mask=tmask, other=0.0)
-        kb = kb * tl.exp(g)[:, None]
-    w = tl.dot(ai, kb, input_precision=P32)
-    store_chunk(W, w.to(W.dtype.element_ty), bh, T, t, offs_d, D, kd)
+    offs_c, _, t, tmask, _ = chunk_rows(tl.program_id(0), T, D, CHUNK, BLOCK_K)
+    g = tl.zeros([CHUNK], dtype=tl.float32)
+    if GATED:                                  # the chunk-local scan of the log-gates, for every later kernel
+        g = tl.cumsum(tl.load(GLOG + bh * T + t, mask=tmask, other=0.0).to(tl.float32), axis=0)
+        tl.store(G + bh * T + t, g, mask=tmask)
+    ai, _, beta, bg = _chunk_inverse(K, BETA, g, bh, T, D, t, tmask, offs_c, CHUNK, BLOCK_K, GATED, IO)
+    for k0 in range(0, D, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        kd = tmask[:, None] & (offs_k < D)[None, :]
+        k = load_chunk(K, bh, T, t, offs_k, D, kd)
+        store_chunk(W, dot(ai, k * bg[:, None], IO).to(W.dtype.element_ty), bh, T, t, offs_k, D, kd)
     for v0 in range(0, DV, BLOCK_V):
         offs_v = v0 + tl.arange(0, BLOCK_V)
         kv = tmask[:, None] & (offs_v < DV)[None, :]
-        v = load_chunk(V, bh, T, t, offs_v, DV, kv).to(tl.float32)
-        u = tl.dot(ai, v * beta[:, None], input_precision=P32)
-        store_chunk(U, u.to(U.dtype.element_ty), bh, T, t, offs_v, DV, kv)
+        v = load_chunk(V, bh, T, t, offs_v, DV, kv)
+        store_chunk(U, dot(ai, v * beta[:, None], IO).to(U.dtype.element_ty), bh, T, t, offs_v, DV, kv)
 
 
 @triton.jit
-def _wy_bwd_kernel(K, V, BETA, G, Ai, DW, DU, DK, DV_OUT, DBETA, DG, T, D, DV,
+def _wy_bwd_kernel(K, V, BETA, G, DW, DU, DK, DV_OUT, DBETA, DG_PARTS, DG_OUT, T, D, DV, N_PARTS,
                    CHUNK: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr,
-                   GATED: tl.constexpr, P32: tl.constexpr):
+                   GATED: tl.constexpr, IO: tl.constexpr):
     bh = tl.program_id(1).to(tl.int64)
     offs_c, _, t, tmask, _ = chunk_rows(tl.program_id(0), T, D, CHUNK, BLOCK_K)
     strict = (offs_c[:, None] > offs_c[None, :]) & tmask[:, None]
-    ait = tl.trans(load_chunk(Ai, bh, T, t, offs_c, CHUNK, tmask[:, None]))
-    beta = tl.load(BETA + bh * T + t, mask=tmask, other=0.0).to(tl.float32)
-    bg = beta                                                                     # beta gamma, per row
+    g = tl.zeros([CHUNK], dtype=tl.float32)
     if GATED:
         g = tl.load(G + bh * T + t, mask=tmask, other=0.0)
-        bg = beta * tl.exp(g)
+    ai, kk, beta, bg = _chunk_inverse(K, BETA, g, bh, T, D, t, tmask, offs_c, CHUNK, BLOCK_K, GATED, IO)
+    ait = tl.trans(ai)
     dai = tl.zeros([CHUNK, CHUNK], dtype=tl.float32)
-    kk = tl.zeros([CHUNK, CHUNK], dtype=tl.float32)
     dbeta = tl.zeros([CHUNK], dtype=tl.float32)
-    # 1. Key tiles: dAi = dW (beta gamma K)^T, K K^T, and the Ai^T dW parts of dbeta and dG.
+    # 1. Key tiles: dAi = dW (beta gamma K)^T, and the Ai^T dW parts of dbeta and dG.
     for k0 in range(0, D, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         kd = tmask[:, None] & (offs_k < D)[None, :]
         k = load_chunk(K, bh, T, t, offs_k, D, kd).to(tl.float32)
         dw = load_chunk(DW, bh, T, t, offs_k, D, kd)
-        dai += tl.dot(dw, tl.trans(k * bg[:, None]), input_precision=P32)
-        kk += tl.dot(k, tl.trans(k), input_precision=P32)
-        dbeta += tl.sum(tl.dot(ait, dw, input_precision=P32) * k, axis=1)        # rowsum((Ai^T dW) . K)
+        dai += dot(dw, tl.trans(k * bg[:, None]), IO)
+        dbeta += tl.sum(dot(ait, dw, IO) * k, axis=1)                               # rowsum((Ai^T dW) . K)
     dg = dbeta * bg                                                               # rowsum((Ai^T dW) . beta gamma K)
     if GATED:
         dbeta = dbeta * tl.exp(g)                                                 # rowsum((Ai^T dW) . gamma K)
@@ -123,81 +124,91 @@ def _wy_bwd_kernel(K, V, BETA, G, Ai, DW, DU, DK, DV_OUT, DBETA, DG, T, D, DV,
         kv = tmask[:, None] & (offs_v < DV)[None, :]
         v = load_chunk(V, bh, T, t, offs_v, DV, kv).to(tl.float32)
         du = load_chunk(DU, bh, T, t, offs_v, DV, kv)
-        dai += tl.dot(du, tl.trans(v * beta[:, None]), input_precision=P32)    # + dU (beta V)^T
-        tu = tl.dot(ait, du, input_precision=P32)                               # Ai^T dU
-        store_chunk(DV_OUT, tu * beta[:, None], bh, T, t, offs_v, DV, kv)
+        dai += dot(du, tl.trans(v * beta[:, None]), IO)                             # + dU (beta V)^T
+        tu = dot(ait, du, IO)                                                      # Ai^T dU
+        store_chunk(DV_OUT, (tu * beta[:, None]).to(DV_OUT.dtype.element_ty), bh, T, t, offs_v, DV, kv)
         dbeta += tl.sum(tu * v, axis=1)
-    da = -tl.dot(ait, tl.dot(dai, ait, input_precision=P32), input_precision=P32)
+    da = -dot(ait, dot(dai, ait, IO), IO)
     da = tl.where(strict, da, 0.0)
     if GATED:
-        da = da * gate_ratio(g[:, None], g[None, :], strict)                    # dA . Gamma
+        da = da * gate_ratio(g[:, None], g[None, :], strict)                      # dA . Gamma
     dbeta += tl.sum(da * kk, axis=1)
-    tl.store(DBETA + bh * T + t, dbeta, mask=tmask)
+    tl.store(DBETA + bh * T + t, dbeta.to(DBETA.dtype.element_ty), mask=tmask)
     m = da * beta[:, None]
     if GATED:
         r = m * kk                                                                # dA . A
         dg += tl.sum(r, axis=1) - tl.sum(r, axis=0)
-        dg += tl.load(DG + bh * T + t, mask=tmask, other=0.0)
-        tl.store(DG + bh * T + t, dg, mask=tmask)
+        for p in range(0, N_PARTS):                                               # the output backward's parts
+            dg += tl.load(DG_PARTS + (p * tl.num_programs(1) + bh) * T + t, mask=tmask, other=0.0)
+        tl.store(DG_OUT + bh * T + t, tl.cumsum(dg, axis=0, reverse=True).to(DG_OUT.dtype.element_ty),
+                 mask=tmask)                                                      # dg: the scan's gradient
     # 3. Key tiles again: dK += beta gamma . (Ai^T dW) + M' K + M'^T K (Ai^T dW recomputed, not held).
     for k0 in range(0, D, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         kd = tmask[:, None] & (offs_k < D)[None, :]
-        k = load_chunk(K, bh, T, t, offs_k, D, kd).to(tl.float32)
-        dw = load_chunk(DW, bh, T, t, offs_k, D, kd)
-        dk = load_chunk(DK, bh, T, t, offs_k, D, kd)
-        dk += tl.dot(ait, dw, input_precision=P32) * bg[:, None]
-        dk += tl.dot(m, k, input_precision=P32) + tl.dot(tl.trans(m), k, input_precision=P32)
-        store_chunk(DK, dk, bh, T, t, offs_k, D, kd)
+        k = load_chunk(K, bh, T, t, offs_k, D, kd)
+        dk = load_chunk(DK, bh, T, t, offs_k, D, kd).to(tl.float32)
+        dk += dot(ait, load_chunk(DW, bh, T, t, offs_k, D, kd), IO) * bg[:, None]
+        dk += dot(m, k, IO) + dot(tl.trans(m), k, IO)
+        store_chunk(DK, dk.to(DK.dtype.element_ty), bh, T, t, offs_k, D, kd)
 
 
-def chunk_scaled_dot_kkt(k, beta, G, chunk_size: int) -> torch.Tensor:
-    """``A = strictly_lower(diag(beta)(K K^T . Gamma))`` per chunk: float32 ``[B, H, T, CHUNK]``."""
-    B, H, T, D = k.shape
-    A = torch.empty(B, H, T, chunk_size, device=k.device, dtype=torch.float32)
-    if A.numel() == 0:
-        return A
-    pin, _ = precisions(k.dtype)
-    BLOCK_D = dim_block(D)
-    _kkt_kernel[(num_chunks(T, chunk_size), B * H)](k, beta, G if G is not None else A, A, T, D,
-                                                    CHUNK=chunk_size, BLOCK_D=BLOCK_D, GATED=G is not None,
-                                                    PIN=pin, num_warps=warps(chunk_size, BLOCK_D),
-                                                    num_stages=stages(k.device))
-    return A
+# ----------------------------------------------------------------------------- tiles and autotuning
+# Candidates (BLOCK_K, BLOCK_V, warps, stages); the last is the small fallback. A program holds a few
+# [CHUNK, CHUNK] float32 tiles (K K^T, Ai, dAi) for its whole life and streams [CHUNK, BLOCK_*] tiles.
+WY_CONFIGS = [triton.Config({"BLOCK_K": bk, "BLOCK_V": bv}, num_warps=w, num_stages=s) for bk, bv, w, s in
+              [(64, 64, 4, 2), (64, 64, 8, 2), (128, 128, 8, 2), (32, 32, 4, 2), (32, 32, 4, 1)]]
+SPILLS: dict = {}
 
 
-def recompute_w_u(k, v, beta, G, Ai, chunk_size: int, out_dtype=None, block_v=None):
-    """``W = Ai (beta gamma . K)``, ``U = Ai (beta . V)`` per chunk, in ``out_dtype`` (default k's)."""
-    B, H, T, D = k.shape
-    DV = v.shape[-1]
-    dt = out_dtype or k.dtype
-    w = torch.empty(B, H, T, D, device=k.device, dtype=dt)
-    u = torch.empty(B, H, T, DV, device=k.device, dtype=dt)
-    if B * H * T == 0:
-        return w, u
-    _, p32 = precisions(k.dtype)
-    BLOCK_D = dim_block(D)
-    _w_u_kernel[(num_chunks(T, chunk_size), B * H)](
-        k, v, beta, G if G is not None else Ai, Ai, w, u, T, D, DV,
-        CHUNK=chunk_size, BLOCK_D=BLOCK_D, BLOCK_V=value_block(DV, D, k.device, block_v), GATED=G is not None,
-        P32=p32, num_warps=warps(chunk_size, BLOCK_D), num_stages=stages(k.device))
-    return w, u
+def _smem(cfg, args):
+    bk, bv, c, es = cfg.kwargs["BLOCK_K"], cfg.kwargs["BLOCK_V"], args["CHUNK"], args["K"].element_size()
+    return max(cfg.num_stages, 1) * c * 2 * max(bk, bv) * es + 3 * c * c * 4
 
 
-def wy_backward(k, v, beta, G, Ai, dw, du, dk, dG, chunk_size: int, block_v=None, block_k=None):
-    """Backward of ``recompute_w_u`` and ``chunk_scaled_dot_kkt`` through ``Ai``. Adds into ``dk`` (and
-    ``dG``) in place; returns ``(dv, dbeta)``, float32. ``block_v``/``block_k`` force the tile widths."""
+def _width(args):
+    return max(head_block(args["D"]), head_block(args["DV"]))
+
+
+_KEY = ["D", "DV", "CHUNK", "GATED"]
+_wy_fwd = autotuned(_wy_fwd_kernel, WY_CONFIGS, _KEY, pruner(_smem, SPILLS, _width, "K"))
+_wy_bwd = autotuned(_wy_bwd_kernel, WY_CONFIGS, _KEY, pruner(_smem, SPILLS, _width, "K"))
+
+
+def _tiles(D, DV, block_k, block_v):
+    return interpret_config(WY_CONFIGS, BLOCK_K=block_k or head_block(D), BLOCK_V=block_v or head_block(DV))
+
+
+def wy_forward(k, v, beta, g, chunk_size: int, block_k=None, block_v=None):
+    """``(W, U, G)`` per chunk: ``W = Ai (beta gamma . K)``, ``U = Ai (beta . V)`` in k's dtype, and ``G``,
+    the chunk-local cumsum of ``g [B, H, T]`` (float32; None without gates)."""
     B, H, T, D = k.shape
     DV = v.shape[-1]
-    dv = torch.empty(B, H, T, DV, device=k.device, dtype=torch.float32)
-    dbeta = torch.empty(B, H, T, device=k.device, dtype=torch.float32)
+    w = torch.empty(B, H, T, D, device=k.device, dtype=k.dtype)
+    u = torch.empty(B, H, T, DV, device=k.device, dtype=k.dtype)
+    G = torch.empty(B, H, T, device=k.device, dtype=torch.float32) if g is not None else None
     if B * H * T == 0:
-        return dv, dbeta
-    _, p32 = precisions(k.dtype)
-    BLOCK_K = key_block(D, k.device, block_k, widest=min(64, chunk_size))   # 64 at chunk 32 spilled (D 256)
-    _wy_bwd_kernel[(num_chunks(T, chunk_size), B * H)](
-        k, v, beta, G if G is not None else dbeta, Ai, dw, du, dk, dv, dbeta, dG if dG is not None else dbeta,
-        T, D, DV, CHUNK=chunk_size, BLOCK_K=BLOCK_K, BLOCK_V=value_block(DV, D, k.device, block_v),
-        GATED=G is not None, P32=p32, num_stages=1,                      # see launch.kernel_chunk
-        num_warps=8 if chunk_size >= 64 else 4)   # 4 warps at chunk 64 spill: scripts/kernel_resources.py
-    return dv, dbeta
+        return w, u, G
+    _wy_fwd[(num_chunks(T, chunk_size), B * H)](
+        k, v, beta, g, G, w, u, T, D, DV, CHUNK=chunk_size, GATED=g is not None, IO=io_dtype(k.dtype),
+        **_tiles(D, DV, block_k, block_v))
+    return w, u, G
+
+
+def wy_backward(k, v, beta, G, dw, du, dk, dG_parts, *, g_dtype=None, chunk_size: int, block_k=None,
+                block_v=None):
+    """Backward of :func:`wy_forward` through ``Ai``. Adds into ``dk`` in place; returns
+    ``(dv, dbeta, dg)`` in the dtypes of ``v``, ``beta`` and ``g`` (``g_dtype``; ``dg`` None without gates).
+    ``dG_parts [NK, B, H, T]``: the output backward's parts of the gradient of ``G``."""
+    B, H, T, D = k.shape
+    DV = v.shape[-1]
+    dv = torch.empty(B, H, T, DV, device=k.device, dtype=v.dtype)
+    dbeta = torch.empty(B, H, T, device=k.device, dtype=beta.dtype)
+    dg = torch.empty(B, H, T, device=k.device, dtype=g_dtype) if G is not None else None
+    if B * H * T == 0:
+        return dv, dbeta, dg
+    _wy_bwd[(num_chunks(T, chunk_size), B * H)](
+        k, v, beta, G, dw, du, dk, dv, dbeta, dG_parts, dg, T, D, DV,
+        dG_parts.shape[0] if dG_parts is not None else 0,
+        CHUNK=chunk_size, GATED=G is not None, IO=io_dtype(k.dtype), **_tiles(D, DV, block_k, block_v))
+    return dv, dbeta, dg
