@@ -51,6 +51,22 @@ def test_forward_and_every_gradient_match_float64_recurrence(T, D, Dv, chunk, bl
         assert rel_err(got, want) < TOL, name
 
 
+@pytest.mark.parametrize("segments", [2, 3, 9])
+@pytest.mark.parametrize("with_state", [False, True])
+def test_forward_cut_into_parallel_segments_matches_float64_recurrence(segments, with_state, rel_err):
+    """The causal forward sums the state of each segment in parallel, scans the sums, then walks each
+    segment from its entering state (``kernels/linear/segments.py``): any number of segments, up to one
+    per chunk (9 here), gives the recurrence's output and final state; 3 segments of 3 chunks leave a
+    ragged last chunk (T = 130 = 8 * 16 + 2)."""
+    q, k, v, S0, do, dS = inputs(2, 1, 130, 24, 20, seed=segments)
+    S0 = S0 if with_state else None
+    o_r, S_r, _ = reference_grads(q, k, v, S0 if with_state else torch.zeros_like(dS), do, dS, scale=0.7,
+                                  causal=True)
+    o, S = linear_chunk_forward(q.float(), k.float(), v.float(), S0.float() if with_state else None, scale=0.7,
+                                chunk_size=16, segments=segments)
+    assert rel_err(o, o_r) < TOL and rel_err(S, S_r) < TOL
+
+
 @pytest.mark.parametrize("wrt", ["q", "k", "v", "initial_state"])
 def test_gradient_of_any_single_input_through_the_public_function(wrt, rel_err):
     """Only one input requires a gradient: the backward runs, and the gradient matches the torch

@@ -6,19 +6,16 @@
 (``q, k`` already feature-mapped by ``attnlib.linear``; a normalised call has appended a ones column
 to ``v``, so the normaliser rides along as one more value column.)
 
-Forward, causal -- two launches:
-
-1. ``chunk_fwd_h`` (``common/chunk_state.py``): grid ``(D tiles x Dv tiles, B*H)``, sequential over
-   chunks, writes every chunk's starting state ``h_c`` (bfloat16 for half inputs) and, when asked, the
-   final state;
-2. ``chunk_fwd_o`` (``common/chunk_o.py``): grid ``(Dv tiles, chunks, B*H)``,
-   ``O_c = scale (Q_c h_c + (Q_c K_c^T . M) V_c)``.
+Forward, causal: ``segments.py`` -- the sequence cut into segments whose state sums are formed in
+parallel and scanned, then one fused pass per segment that keeps the state in registers and writes
+only ``o`` (one launch when a single segment gives the GPU enough programs).
 
 Non-causal: the state pass without storing ``h_c``, then ``O = scale Q S_T^T`` by the same output
 kernel reading one state for every chunk.
 
 Backward, causal -- four launches (``h_c`` is recomputed, not saved):
-``chunk_fwd_h`` again; ``chunk_bwd_dv_local`` (``scale (Q K^T . M)^T dO`` per chunk); the reverse
+``chunk_fwd_h`` (``common/chunk_state.py``: grid ``(D tiles x Dv tiles, B*H)``, sequential over chunks,
+writes every chunk's starting state, bfloat16 for half inputs); ``chunk_bwd_dv_local`` (``scale (Q K^T . M)^T dO`` per chunk); the reverse
 state pass ``chunk_bwd_dh`` (``dh`` per chunk, ``dS_0``, and ``dV = dv_local + K dh``); and
 ``chunk_bwd_dqk`` (``dQ, dK`` per chunk). Non-causal: ``dh_T = dS_T^T + scale Q^T dO`` by the forward
 state pass run on ``(Q, dO)``, then ``dQ = scale dO S_T``, ``dK = V dh_T^T``, ``dV = K dh_T`` by the
@@ -32,17 +29,20 @@ import torch
 from ..common.chunk_o import chunk_bwd_dqk, chunk_bwd_dv_local, chunk_fwd_o
 from ..common.chunk_state import chunk_bwd_dh, chunk_fwd_h
 from ..common.launch import check_chunk, require_launchable
+from .segments import linear_segments_forward
 
 
 def linear_chunk_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                          initial_state: torch.Tensor | None = None, *, scale: float = 1.0,
                          causal: bool = True, chunk_size: int = 64, out_dtype: torch.dtype | None = None,
-                         output_final_state: bool = True, block_k: int | None = None,
-                         block_v: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+                         output_final_state: bool = True, segments: int | None = None,
+                         block_k: int | None = None, block_v: int | None = None
+                         ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``q, k: [B, H, T, D]``, ``v: [B, H, T, Dv]`` (one dtype), ``initial_state: [B, H, Dv, D]`` or None.
 
     Returns ``(o [B, H, T, Dv] in out_dtype (default q's), S_T [B, H, Dv, D] float32, or None when not
-    output_final_state)``. ``block_k``/``block_v`` force tile widths (tests split D and Dv with them
+    output_final_state)``. ``segments`` (causal) forces the number of sequence segments processed in
+    parallel (``segments.py``); ``block_k``/``block_v`` force tile widths (tests split D and Dv with them
     under the interpreter).
     """
     require_launchable(q, q.shape[-1], v.shape[-1])
@@ -50,10 +50,9 @@ def linear_chunk_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     tiles = dict(block_k=block_k, block_v=block_v)
     if causal:
-        hs, _, S = chunk_fwd_h(k, v, initial_state=initial_state, chunk_size=chunk_size,
-                               store_final=output_final_state, **tiles)
-        o = chunk_fwd_o(q, k, v, hs, scale=scale, chunk_size=chunk_size, out_dtype=out_dtype, **tiles)
-        return o, S
+        return linear_segments_forward(q, k, v, initial_state, scale=scale, chunk_size=chunk_size,
+                                       out_dtype=out_dtype, output_final_state=output_final_state,
+                                       segments=segments, block_v=block_v)
     _, _, S = chunk_fwd_h(k, v, initial_state=initial_state, chunk_size=chunk_size, store_h=False, **tiles)
     o = chunk_fwd_o(q, None, None, S, scale=scale, chunk_size=chunk_size, out_dtype=out_dtype, final=True,
                     **tiles)
