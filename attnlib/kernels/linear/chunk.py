@@ -13,11 +13,11 @@ only ``o`` (one launch when a single segment gives the GPU enough programs).
 Non-causal: the state pass without storing ``h_c``, then ``O = scale Q S_T^T`` by the same output
 kernel reading one state for every chunk.
 
-Backward, causal -- four launches (``h_c`` is recomputed, not saved):
-``chunk_fwd_h`` (``common/chunk_state.py``: grid ``(D tiles x Dv tiles, B*H)``, sequential over chunks,
-writes every chunk's starting state, bfloat16 for half inputs); ``chunk_bwd_dv_local`` (``scale (Q K^T . M)^T dO`` per chunk); the reverse
-state pass ``chunk_bwd_dh`` (``dh`` per chunk, ``dS_0``, and ``dV = dv_local + K dh``); and
-``chunk_bwd_dqk`` (``dQ, dK`` per chunk). Non-causal: ``dh_T = dS_T^T + scale Q^T dO`` by the forward
+Backward, causal -- four launches (``h_c`` is recomputed, not saved): ``chunk_fwd_h``
+(``common/chunk_state.py``: grid ``(D tiles x Dv tiles, B*H)``, sequential over chunks, writes every
+chunk's starting state, bfloat16 for half inputs); ``chunk_bwd_dv_local`` (``scale (Q K^T . M)^T dO`` per
+chunk); the reverse state pass ``chunk_bwd_dh`` (``dh`` per chunk, ``dS_0``, and ``dV = dv_local + K dh``);
+and ``chunk_bwd_dqk`` (``dQ, dK`` per chunk). Non-causal: ``dh_T = dS_T^T + scale Q^T dO`` by the forward
 state pass run on ``(Q, dO)``, then ``dQ = scale dO S_T``, ``dK = V dh_T^T``, ``dV = K dh_T`` by the
 output kernel in its one-state mode.
 """

@@ -14,10 +14,12 @@ launches, the first two only when ``NS > 1``:
 
        O_c = scale (Q_c h + (Q_c K_c^T . M) V_c),      h <- h + K_c^T V_c,
 
-   and the last segment's programs write the final state. The per-chunk states never reach memory: the forward reads ``q, k, v`` (``k, v`` twice when
-   ``NS > 1``) and writes ``o``, where the two-pass form (``chunk_fwd_h`` then ``chunk_fwd_o``, as in fla)
-   also writes and reads a ``[D, Dv]`` state per chunk -- at D = Dv = 128 and chunk 64 that is four
-   bytes per element of ``k``, twice.
+   and the last segment's programs write the final state.
+
+The per-chunk states never reach memory: the forward reads ``q, k, v`` (``k, v`` twice when ``NS > 1``)
+and writes ``o``, where the two-pass form (``chunk_fwd_h`` then ``chunk_fwd_o``, as in fla) also writes
+and reads a ``[D, Dv]`` state per chunk -- at D = Dv = 128 and chunk 64, in bfloat16, that is twice the
+bytes of ``k``, written once and read once.
 
 ``NS`` is chosen so that the output kernel has about two programs per streaming multiprocessor of the
 device, with segments of at least 16 chunks (:func:`segment_count`). On an H100 (132 multiprocessors),
