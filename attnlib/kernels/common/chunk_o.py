@@ -42,7 +42,7 @@ import triton
 import triton.language as tl
 
 from .chunk_tiles import chunk_gates, chunk_rows, decay_to_end, gate_ratio, load_chunk, store_chunk
-from .launch import autotuned, head_block, interpret_config, num_chunks, pruner
+from .launch import autotuned, head_block, interpret_config, num_chunks, pruner, target_family
 from .precision import dot, io_dtype, wide_dtype
 
 
@@ -179,11 +179,15 @@ def _cfgs(shapes):
 
 
 OUTPUT_CONFIGS = _cfgs([(64, 64, 4, 2), (64, 64, 8, 3), (128, 64, 8, 2), (64, 128, 8, 2), (32, 64, 4, 2),
-                        (32, 32, 4, 1)])
+                        (32, 32, 4, 2)])
 # The dq/dk kernel's key tile is the wrapper's (``dqk_key_block``): its candidates tune the rest.
 DQK_CONFIGS = [triton.Config({"BLOCK_V": bv}, num_warps=w, num_stages=s) for bv, w, s in
-               [(64, 4, 2), (64, 8, 2), (32, 4, 2), (32, 8, 2), (32, 4, 1)]]
-SPILLS: dict = {}
+               [(64, 4, 2), (64, 8, 2), (32, 4, 2), (32, 8, 2), (32, 8, 1)]]
+# Measured spills, {target family: {launch.config_key: narrowest head block that spilled}}, one table per
+# autotuned launch (scripts/kernel_report.py compiles every candidate for sm_80, sm_89 and sm_90).
+FWD_O_SPILLS: dict = {}
+DV_LOCAL_SPILLS: dict = {}
+DQK_SPILLS: dict = {}
 
 
 def _smem(cfg, args):
@@ -198,11 +202,11 @@ def _width(args):
 
 
 _fwd_o = autotuned(_fwd_o_kernel, OUTPUT_CONFIGS, ["D", "DV", "CHUNK", "FINAL", "GATED"],
-                   pruner(_smem, SPILLS, _width, "Q"))
+                   pruner(_smem, FWD_O_SPILLS, _width, "Q"))
 _dv_local = autotuned(_bwd_dv_local_kernel, OUTPUT_CONFIGS, ["D", "DV", "CHUNK", "GATED"],
-                      pruner(_smem, SPILLS, _width, "Q"))
+                      pruner(_smem, DV_LOCAL_SPILLS, _width, "Q"))
 _dqk = autotuned(_bwd_dqk_kernel, DQK_CONFIGS, ["D", "DV", "CHUNK", "DELTA", "GATED", "NEED_DK"],
-                 pruner(_smem, SPILLS, _width, "Q"))
+                 pruner(_smem, DQK_SPILLS, _width, "Q"))
 
 
 def _interpret_tiles(configs, D, DV, block_k, block_v):
@@ -251,11 +255,13 @@ def chunk_bwd_dv_local(q, k, do, *, G=None, scale: float, chunk_size: int, block
     return dv
 
 
-def dqk_key_block(D: int) -> int:
-    """Key columns per program of the dq/dk kernel: the whole head up to 64 (so ``dP`` is formed once
-    per chunk), 64 beyond. Chosen here, not by the autotuner, because the gates' gradient is written
-    in one part per key tile, and the buffer of parts is allocated before the launch."""
-    return min(64, head_block(D))
+def dqk_key_block(D: int, device: torch.device) -> int:
+    """Key columns per program of the dq/dk kernel: 64 on Hopper, 32 on sm_80/sm_89, where ``mma.sync``
+    holds its operands in registers and the four accumulators (``dQ, dK, dW [CHUNK, 64]``, ``dP``)
+    spilled in every candidate; never more than the head. Narrower tiles recompute ``dP = dO v^T``
+    once per tile. Chosen here, not by the autotuner, because the gates' gradient is written in one
+    part per key tile, and the buffer of parts is allocated before the launch."""
+    return min(64 if target_family(device) == "sm90" else 32, head_block(D))
 
 
 def chunk_bwd_dqk(q, k, v, h, do, *, dh=None, dvnew=None, G=None, scale: float, chunk_size: int,
@@ -270,7 +276,7 @@ def chunk_bwd_dqk(q, k, v, h, do, *, dh=None, dvnew=None, G=None, scale: float, 
     DV = v.shape[-1]
     NT = num_chunks(T, chunk_size)
     need_dk = dh is not None
-    BLOCK_K = block_k or dqk_key_block(D)
+    BLOCK_K = block_k or dqk_key_block(D, q.device)
     dq = torch.empty(B, H, T, D, device=q.device, dtype=q.dtype)
     dk = torch.empty_like(dq) if need_dk else None
     dw = torch.empty_like(dq) if need_dk and delta else None

@@ -146,8 +146,12 @@ FWD_H_SPLIT_CONFIGS = [_cfg(bk, bv, w, s) for bk, bv, w, s in
                         (32, 32, 4, 1)]]
 # The delta rule's forward and every reverse pass: BLOCK_K is the whole head (the wrapper passes it).
 FULL_K_CONFIGS = [_cfg(0, bv, w, s) for bv, w, s in
-                  [(64, 8, 2), (64, 4, 2), (32, 4, 2), (32, 8, 2), (16, 4, 2), (16, 4, 1)]]
-SPILLS: dict = {}
+                  [(64, 8, 2), (64, 4, 2), (32, 4, 2), (32, 8, 2), (16, 4, 2), (16, 8, 1)]]
+# Measured spills, {target family: {launch.config_key: narrowest head block that spilled}}, one table per
+# autotuned launch (scripts/kernel_report.py compiles every candidate for sm_80, sm_89 and sm_90).
+FWD_H_SPLIT_SPILLS: dict = {}
+FWD_H_FULL_SPILLS: dict = {}
+BWD_DH_SPILLS: dict = {}
 
 
 def _smem(streamed_k: int, streamed_v: int):
@@ -166,9 +170,10 @@ def _width(args):
 
 
 _KEY = ["D", "DV", "CHUNK", "DELTA", "GATED", "BH_BUCKET"]
-_fwd_h_split = autotuned(_fwd_h_kernel, FWD_H_SPLIT_CONFIGS, _KEY, pruner(_smem(1, 1), SPILLS, _width, "K"))
-_fwd_h_full = autotuned(_fwd_h_kernel, FULL_K_CONFIGS, _KEY, pruner(_smem(2, 2), SPILLS, _width, "K"))
-_bwd_dh = autotuned(_bwd_dh_kernel, FULL_K_CONFIGS, _KEY, pruner(_smem(3, 3), SPILLS, _width, "Q"))
+_fwd_h_split = autotuned(_fwd_h_kernel, FWD_H_SPLIT_CONFIGS, _KEY,
+                         pruner(_smem(1, 1), FWD_H_SPLIT_SPILLS, _width, "K"))
+_fwd_h_full = autotuned(_fwd_h_kernel, FULL_K_CONFIGS, _KEY, pruner(_smem(2, 2), FWD_H_FULL_SPILLS, _width, "K"))
+_bwd_dh = autotuned(_bwd_dh_kernel, FULL_K_CONFIGS, _KEY, pruner(_smem(3, 3), BWD_DH_SPILLS, _width, "Q"))
 
 
 def _bh_bucket(n: int) -> int:

@@ -25,9 +25,10 @@ Backward (``_wy_bwd_kernel``), given ``dW`` and ``dU`` (= the gradient of ``v_ne
 
 One program per chunk: (0) key tiles: ``K K^T``, then ``Ai`` in registers, as in the forward;
 (1) key tiles: ``dAi = dW (beta gamma K)^T`` and the ``Ai^T dW`` parts of ``dbeta``, ``dG``; (2) value
-tiles: ``dV`` and the ``dU`` part of ``dAi``; (3) key tiles again: ``dK``, recomputing ``Ai^T dW`` rather than
-holding it, added into the tensor the output backward wrote (the same program owns those rows: no
-atomics). With gates it then adds the output backward's parts of ``dG`` (one per key tile of that
+tiles: ``dV`` and the ``dU`` part of ``dAi``; then ``dA`` and, with ``K K^T`` formed again rather than
+held through (1) and (2), the rest of ``dbeta`` and ``dG``; (3) key tiles again: ``dK``, recomputing
+``Ai^T dW`` rather than holding it, added into the tensor the output backward wrote (the same program
+owns those rows: no atomics). With gates it then adds the output backward's parts of ``dG`` (one per key tile of that
 kernel) and turns ``dG`` into ``dg`` by the reverse cumsum inside the chunk -- the gradient of the
 forward scan -- so no other launch touches the gates.
 
@@ -49,25 +50,31 @@ from ..common.solve_tril import tril_inverse
 
 
 @triton.jit
-def _chunk_inverse(K, BETA, g, bh, T, D, t, tmask, offs_c,
-                   CHUNK: tl.constexpr, BLOCK_K: tl.constexpr, GATED: tl.constexpr, IO: tl.constexpr):
-    """``(Ai, K K^T, beta, beta gamma)`` of one chunk whose gate cumsum is ``g [CHUNK]`` (``GATED``):
-    ``Ai = (I + A)^{-1}`` and ``K K^T`` as float32 ``[CHUNK, CHUNK]`` tiles (0 past ``T``), ``beta`` and
-    ``beta gamma`` float32 ``[CHUNK]``."""
+def _chunk_kkt(K, bh, T, D, t, tmask, CHUNK: tl.constexpr, BLOCK_K: tl.constexpr, IO: tl.constexpr):
+    """``K K^T`` of one chunk, float32 ``[CHUNK, CHUNK]`` (0 past ``T``), over key tiles of ``BLOCK_K``."""
     kk = tl.zeros([CHUNK, CHUNK], dtype=tl.float32)
     for k0 in range(0, D, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         k = load_chunk(K, bh, T, t, offs_k, D, tmask[:, None] & (offs_k < D)[None, :])
         kk += dot(k, tl.trans(k), IO)
+    return kk
+
+
+@triton.jit
+def _chunk_inverse(K, BETA, g, bh, T, D, t, tmask, offs_c,
+                   CHUNK: tl.constexpr, BLOCK_K: tl.constexpr, GATED: tl.constexpr, IO: tl.constexpr):
+    """``(Ai, beta, beta gamma)`` of one chunk whose gate cumsum is ``g [CHUNK]`` (``GATED``):
+    ``Ai = (I + A)^{-1}`` float32 ``[CHUNK, CHUNK]`` (identity rows past ``T``), ``beta`` and
+    ``beta gamma`` float32 ``[CHUNK]``."""
+    a = _chunk_kkt(K, bh, T, D, t, tmask, CHUNK, BLOCK_K, IO)
     beta = tl.load(BETA + bh * T + t, mask=tmask, other=0.0).to(tl.float32)
     strict = (offs_c[:, None] > offs_c[None, :]) & tmask[:, None]
-    a = kk
     bg = beta
     if GATED:
         a = a * gate_ratio(g[:, None], g[None, :], strict)
         bg = beta * tl.exp(g)
     a = tl.where(strict, a * beta[:, None], 0.0)
-    return tril_inverse(a, CHUNK, IO), kk, beta, bg
+    return tril_inverse(a, CHUNK, IO), beta, bg
 
 
 @triton.jit
@@ -80,7 +87,7 @@ def _wy_fwd_kernel(K, V, BETA, GLOG, G, W, U, T, D, DV,
     if GATED:                                  # the chunk-local scan of the log-gates, for every later kernel
         g = tl.cumsum(tl.load(GLOG + bh * T + t, mask=tmask, other=0.0).to(tl.float32), axis=0)
         tl.store(G + bh * T + t, g, mask=tmask)
-    ai, _, beta, bg = _chunk_inverse(K, BETA, g, bh, T, D, t, tmask, offs_c, CHUNK, BLOCK_K, GATED, IO)
+    ai, beta, bg = _chunk_inverse(K, BETA, g, bh, T, D, t, tmask, offs_c, CHUNK, BLOCK_K, GATED, IO)
     for k0 in range(0, D, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         kd = tmask[:, None] & (offs_k < D)[None, :]
@@ -103,8 +110,11 @@ def _wy_bwd_kernel(K, V, BETA, G, DW, DU, DK, DV_OUT, DBETA, DG_PARTS, DG_OUT, T
     g = tl.zeros([CHUNK], dtype=tl.float32)
     if GATED:
         g = tl.load(G + bh * T + t, mask=tmask, other=0.0)
-    ai, kk, beta, bg = _chunk_inverse(K, BETA, g, bh, T, D, t, tmask, offs_c, CHUNK, BLOCK_K, GATED, IO)
-    ait = tl.trans(ai)
+    ait = tl.trans(_chunk_inverse(K, BETA, g, bh, T, D, t, tmask, offs_c, CHUNK, BLOCK_K, GATED, IO)[0])
+    beta = tl.load(BETA + bh * T + t, mask=tmask, other=0.0).to(tl.float32)
+    bg = beta
+    if GATED:
+        bg = beta * tl.exp(g)
     dai = tl.zeros([CHUNK, CHUNK], dtype=tl.float32)
     dbeta = tl.zeros([CHUNK], dtype=tl.float32)
     # 1. Key tiles: dAi = dW (beta gamma K)^T, and the Ai^T dW parts of dbeta and dG.
@@ -132,6 +142,9 @@ def _wy_bwd_kernel(K, V, BETA, G, DW, DU, DK, DV_OUT, DBETA, DG_PARTS, DG_OUT, T
     da = tl.where(strict, da, 0.0)
     if GATED:
         da = da * gate_ratio(g[:, None], g[None, :], strict)                      # dA . Gamma
+    # K K^T once more (from L2) rather than held through the loops: one [CHUNK, CHUNK] tile fewer
+    # live, which is what keeps the sm_80 / sm_89 compilations (operands in registers) from spilling.
+    kk = _chunk_kkt(K, bh, T, D, t, tmask, CHUNK, BLOCK_K, IO)
     dbeta += tl.sum(da * kk, axis=1)
     tl.store(DBETA + bh * T + t, dbeta.to(DBETA.dtype.element_ty), mask=tmask)
     m = da * beta[:, None]
@@ -158,7 +171,10 @@ def _wy_bwd_kernel(K, V, BETA, G, DW, DU, DK, DV_OUT, DBETA, DG_PARTS, DG_OUT, T
 # [CHUNK, CHUNK] float32 tiles (K K^T, Ai, dAi) for its whole life and streams [CHUNK, BLOCK_*] tiles.
 WY_CONFIGS = [triton.Config({"BLOCK_K": bk, "BLOCK_V": bv}, num_warps=w, num_stages=s) for bk, bv, w, s in
               [(64, 64, 4, 2), (64, 64, 8, 2), (128, 128, 8, 2), (32, 32, 4, 2), (32, 32, 4, 1)]]
-SPILLS: dict = {}
+# Measured spills, {target family: {launch.config_key: narrowest head block that spilled}}, one table per
+# autotuned launch (scripts/kernel_report.py compiles every candidate for sm_80, sm_89 and sm_90).
+WY_FWD_SPILLS: dict = {}
+WY_BWD_SPILLS: dict = {}
 
 
 def _smem(cfg, args):
@@ -171,8 +187,8 @@ def _width(args):
 
 
 _KEY = ["D", "DV", "CHUNK", "GATED"]
-_wy_fwd = autotuned(_wy_fwd_kernel, WY_CONFIGS, _KEY, pruner(_smem, SPILLS, _width, "K"))
-_wy_bwd = autotuned(_wy_bwd_kernel, WY_CONFIGS, _KEY, pruner(_smem, SPILLS, _width, "K"))
+_wy_fwd = autotuned(_wy_fwd_kernel, WY_CONFIGS, _KEY, pruner(_smem, WY_FWD_SPILLS, _width, "K"))
+_wy_bwd = autotuned(_wy_bwd_kernel, WY_CONFIGS, _KEY, pruner(_smem, WY_BWD_SPILLS, _width, "K"))
 
 
 def _tiles(D, DV, block_k, block_v):

@@ -122,10 +122,13 @@ def _segment_output_kernel(Q, K, V, STARTS, O, HT,
 # Candidates; the last is the small fallback. The output program holds a [D, BLOCK_V] float32 state,
 # a [CHUNK, CHUNK] score tile and a [CHUNK, BLOCK_V] output tile; it streams q, k [CHUNK, D] and v.
 OUTPUT_CONFIGS = [triton.Config({"BLOCK_V": bv}, num_warps=w, num_stages=s) for bv, w, s in
-                  [(64, 8, 2), (64, 4, 2), (32, 4, 2), (128, 8, 2), (32, 4, 1)]]
+                  [(64, 8, 2), (64, 4, 2), (32, 4, 2), (32, 8, 2), (128, 8, 2), (32, 8, 1)]]
 SUM_CONFIGS = [triton.Config({"BLOCK_K": bk, "BLOCK_V": bv}, num_warps=w, num_stages=s) for bk, bv, w, s in
                [(64, 64, 4, 3), (128, 64, 8, 3), (64, 64, 4, 2), (32, 32, 4, 1)]]
-SPILLS: dict = {}
+# Measured spills, {target family: {launch.config_key: narrowest head block that spilled}}, one table per
+# autotuned launch (scripts/kernel_report.py compiles every candidate for sm_80, sm_89 and sm_90).
+OUTPUT_SPILLS: dict = {}
+SUM_SPILLS: dict = {}
 OUTPUT_BLOCK_V = 64          # the value tile assumed when choosing the number of segments
 MIN_SEGMENT_CHUNKS = 16      # a segment's state (written, scanned, read: 3 x 4 D Dv bytes) stays a few
                              # per cent of its rows' traffic from 16 chunks of 64 rows on (D = Dv = 128)
@@ -146,8 +149,8 @@ def _width(args):
 
 
 _output = autotuned(_segment_output_kernel, OUTPUT_CONFIGS, ["D", "DV", "CHUNK", "USE_START"],
-                    pruner(_output_smem, SPILLS, _width, "Q"))
-_sum = autotuned(_segment_sum_kernel, SUM_CONFIGS, ["D", "DV", "CHUNK"], pruner(_sum_smem, SPILLS, _width, "K"))
+                    pruner(_output_smem, OUTPUT_SPILLS, _width, "Q"))
+_sum = autotuned(_segment_sum_kernel, SUM_CONFIGS, ["D", "DV", "CHUNK"], pruner(_sum_smem, SUM_SPILLS, _width, "K"))
 
 
 def segment_count(T: int, chunk: int, BH: int, DV: int, device: torch.device) -> int:
