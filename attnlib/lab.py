@@ -1,7 +1,7 @@
 """What every lab notebook's first cells need: seeds, device, quick/full scale, figure rendering.
 
     from attnlib.lab import setup
-    lab = setup(seed=0)          # lab.device, lab.quick, lab.scale(small, large)
+    lab = setup(seed=0)          # lab.device, lab.quick, lab.scale(small, large), lab.triton_kernels
 
 Quick mode (the default on a CPU: CI's 2 cores must run each notebook in about a minute) shrinks
 the experiments; on a GPU, or with ``ATTNBOOK_FULL=1``, they run at full scale.
@@ -32,6 +32,7 @@ class Lab:
     device: torch.device
     quick: bool
     on_colab: bool
+    triton_kernels: bool = False    # the Triton kernels run compiled here (a GPU of capability >= 8.0)
 
     def scale(self, quick, full):
         """Pick the quick-mode value or the full-scale one."""
@@ -147,4 +148,13 @@ def setup(seed: int = 0) -> Lab:
             pass
     configure_plotly()
     torch.set_printoptions(precision=4, sci_mode=False)
-    return Lab(seed=seed, device=device, quick=quick, on_colab=colab)
+    return Lab(seed=seed, device=device, quick=quick, on_colab=colab, triton_kernels=_kernels_run_on(device))
+
+
+def _kernels_run_on(device: torch.device) -> bool:
+    """Whether ``backend="auto"`` takes the Triton kernels on ``device`` (the library's one rule: a CUDA
+    GPU of capability 8.0 or newer, with triton installed). On a T4 it does not: the labs then check
+    the kernels through Triton's interpreter, or say that they did not."""
+    from ._backend import cuda_capability, too_old, triton_installed
+
+    return device.type == "cuda" and triton_installed() and too_old(cuda_capability(device)) is None
