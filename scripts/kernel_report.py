@@ -115,6 +115,9 @@ BYTES = ("bytes of a launch: the sum, over the distinct tensors passed to the ke
 SDPA_MODEL = ("SDPA (softmax attention's anchor) is not captured but modelled as an ideal fused kernel: "
               "forward reads q, k, v and writes o and lse (float32 [B, H, T]); backward reads q, k, v, o, "
               "do, lse and writes dq, dk, dv; forward+backward is their sum")
+TORCH_PATHS = ("where attnlib takes a PyTorch path (sm_75), its launches are the aten ops dispatched on fake "
+               "tensors: SDPA decomposes there as PyTorch chooses without a device (on a real T4 its backend is "
+               "chosen at run time); the rows' bytes for those paths are indicative, not a kernel comparison")
 AUTOTUNED = ("an autotuned kernel is recorded with every candidate configuration its pruning hook keeps for "
              "the target (any may be picked; each is compiled); its grid and bytes are those of the first "
              "kept candidate")
@@ -911,12 +914,17 @@ def build_report(data: dict, ops, shapes, targets) -> dict:
                     if "anchor" in row:
                         row["ratio"] = round(row["attnlib"]["bytes"] / row["anchor"]["bytes"], 4)
                     rows.append(row)
+    used_by: dict = {}                                    # specialisation -> the (op, D, phase) launching it
+    for c in data["captures"]:
+        for ln in c["launches"]:
+            for sid in ln.get("specs", ()):
+                used_by.setdefault(sid, set()).add(f"{c['op']} D{c['shape'][3]} {ln['phase']}")
     specs = {}
     for sid, s in sorted(data["specs"].items(), key=lambda kv: (kv[1]["sm"], kv[1]["kernel"], kv[0])):
         if sid in data["compiled"]:
             tname = f"sm_{s['sm']}"
             res = data["compiled"][sid]
-            specs[sid] = {**s, "target": tname, "label": spec_label(s), **res,
+            specs[sid] = {**s, "target": tname, "label": spec_label(s), "used_by": sorted(used_by.get(sid, ())), **res,
                           "shared_limit": TARGETS[tname].shared_memory,
                           "fits": "shared_bytes" in res and res["shared_bytes"] <= TARGETS[tname].shared_memory}
     return {"rows": rows, "launches": launches, "specialisations": specs,
@@ -949,7 +957,8 @@ def spec_label(s: dict) -> str:
     specialisation of a kernel from another."""
     consts = " ".join(k if v is True else f"{k}={v}" for k, v in s["consts"].items()
                       if v is True or (isinstance(v, int) and not isinstance(v, bool)))
-    return f"{s['kernel']}[{consts}; {s['num_warps']} warps, {s['num_stages']} stages]"
+    stages = f"{s['num_stages']} stage" + ("s" if s["num_stages"] != 1 else "")
+    return f"{s['kernel']}[{consts}; {s['num_warps']} warps, {stages}]"
 
 
 def target_summary(specs: dict, tname: str) -> dict:
@@ -965,7 +974,8 @@ def target_summary(specs: dict, tname: str) -> dict:
             "max_shared_bytes": max((s["shared_bytes"] for s in ok.values()), default=0),
             "shared_limit": TARGETS[tname].shared_memory,
             "not_fitting": sorted({f"{s['label']}: {s['shared_bytes']} B" for s in ok.values() if not s["fits"]}),
-            "spilling": sorted({f"{s['label']}: {s['spill_store_bytes']}/{s['spill_load_bytes']} B"
+            "spilling": sorted({f"{s['label']}: {s['spill_store_bytes']}/{s['spill_load_bytes']} B "
+                                f"({', '.join(s['used_by'])})"
                                 for s in ok.values() if s["spill_store_bytes"] or s["spill_load_bytes"]}),
             "max_registers": max((s["registers"] for s in ok.values()), default=0),
             "dots": kinds, "tf32_dots": sorted({f"{k} {d['line']}" for k, d in dots if d["tf32"]}),
@@ -1084,7 +1094,7 @@ def main(argv=None) -> int:
               "dtype": "bf16", "ops": ops, "shapes": [shape_name(s) for s in shapes],
               "targets": {t: {"gpu": TARGETS[t].gpu, "sms": TARGETS[t].sms,
                               "shared_memory_per_block": TARGETS[t].shared_memory} for t in targets},
-              "bytes": BYTES, "softmax_anchor": SDPA_MODEL, "autotuned": AUTOTUNED,
+              "bytes": BYTES, "softmax_anchor": SDPA_MODEL, "autotuned": AUTOTUNED, "torch_paths": TORCH_PATHS,
               "triton": triton.__version__, "torch": torch.__version__, "fla": fla,
               "date": datetime.date.today().isoformat(), "seconds": round(time.time() - t0, 1),
               **build_report(data, ops, shapes, targets)}
