@@ -728,9 +728,11 @@ def _frames(ref: str, locs: dict) -> list[str]:
 
     frames = []
     for file, line in re.findall(r'"([^"]+\.py)":(\d+):\d+', expand(ref)):
-        rel = os.path.relpath(file, ROOT) if os.path.isabs(file) else file
-        if rel.startswith("attnlib" + os.sep) and f"{rel}:{line}" not in frames:
-            frames.append(f"{rel}:{line}")
+        parts = Path(file).parts
+        if "attnlib" in parts:                            # attnlib/..., wherever the checkout is
+            frame = "/".join(parts[len(parts) - 1 - parts[::-1].index("attnlib"):]) + f":{line}"
+            if frame not in frames:
+                frames.append(frame)
     return frames
 
 
@@ -752,8 +754,10 @@ def compile_worker(spec_file: str) -> dict:
 # ----------------------------------------------------------------------------- running the workers
 
 def _worker_env() -> dict:
+    """The workers' environment: no interpreter; attnlib from PYTHONPATH if given (another checkout's
+    kernels), else from this repository."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [env.get("PYTHONPATH"), str(ROOT)]))
     env["OMP_NUM_THREADS"] = "1"                          # each worker is one process on one core
     return env
 
@@ -1017,7 +1021,7 @@ def print_report(report: dict, out=sys.stdout) -> None:
     if report["pytorch_ops"]:
         print("\nattnlib's PyTorch ops around its kernels (bytes):", file=out)
         for op, lines in report["pytorch_ops"].items():
-            print(f"  {op:<12} " + "; ".join(lines), file=out)
+            print(f"  {op:<12} " + ("; ".join(lines) or "none"), file=out)
     if report["dummy_arguments"]:
         print(f"\nattnlib's unused (dummy) kernel arguments, not counted ({len(report['dummy_arguments'])}): "
               + "; ".join(report["dummy_arguments"]), file=out)
