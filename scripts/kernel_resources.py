@@ -29,32 +29,19 @@ Run with TRITON_INTERPRET unset, from the repository root:
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime
-import io
 import json
-import os
-import re
 import sys
-import tempfile
-from pathlib import Path
 
-os.environ.pop("TRITON_INTERPRET", None)          # before attnlib imports its kernels
-os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")          # the 3.9 default, without its warning
-os.environ["TRITON_ALWAYS_COMPILE"] = "1"                    # a cached kernel would skip ptxas and its log
-os.environ.setdefault("TRITON_CACHE_DIR", tempfile.mkdtemp(prefix="kernel-resources-"))   # always run ptxas
+import torch
+import triton
 
-import torch  # noqa: E402
-import triton  # noqa: E402
-from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
-from triton import knobs  # noqa: E402
-from triton.backends.compiler import GPUTarget  # noqa: E402
-from triton.compiler import ASTSource, make_backend  # noqa: E402
-from triton.runtime.autotuner import Autotuner  # noqa: E402
-from triton.runtime.jit import JITFunction, create_function_from_signature  # noqa: E402
+# The capture and compile machinery lives in kernel_report.py (importing it sets the Triton environment:
+# interpreter off -- attnlib's kernels are imported later, in workloads() -- and ptxas on every compile).
+from kernel_report import ROOT, TritonLaunch, compile_spec, let_autograd_record_on_fake_cuda, recording, specialise
+from torch._subclasses.fake_tensor import FakeTensorMode
 
-ROOT = Path(__file__).resolve().parent.parent
-TARGET = GPUTarget("cuda", 90, 32)
+SM = 90                                           # H100
 RESULT = ROOT / "benchmarks" / "results" / "kernel_resources.json"
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 SEQ_LEN = 4096                                    # the length the integers are specialised for (T % 16 == 0)
@@ -115,105 +102,47 @@ def workloads(D: int, dtype: torch.dtype) -> dict:
             "block-sparse": lambda: block_sparse(True), "block-sparse non-causal": lambda: block_sparse(False)}
 
 
-@contextlib.contextmanager
-def intercept_launches(sink: list, every_config: bool = False):
-    """Record ``(kernel, args, kwargs)`` for every ``kernel[grid](...)`` instead of launching it. An
-    autotuned kernel is recorded once per candidate configuration: those its ``early_config_prune``
-    keeps for these arguments, or all of its ``configs`` with ``every_config``."""
-    original, contiguous, autotuned = JITFunction.run, torch.Tensor.contiguous, Autotuner.run
-
-    def record(self, *args, grid, warmup, **kwargs):
-        sink.append((self, args, kwargs))
-
-    def record_candidates(self, *args, **kwargs):
-        self.nargs = dict(zip(self.arg_names, args))
-        candidates = self.configs if every_config else self.prune_configs(kwargs)
-        for config in candidates:
-            self.fn.run(*args, **kwargs, **config.all_kwargs())
-        self.nargs = None
-
-    def fake_contiguous(self, memory_format=torch.contiguous_format):
-        # A fake CUDA tensor's .contiguous() of a transposed view asks for a CUDA device; a clone does not.
-        return self if self.is_contiguous() else self.clone(memory_format=memory_format)
-
-    JITFunction.run, torch.Tensor.contiguous, Autotuner.run = record, fake_contiguous, record_candidates
-    try:
-        yield
-    finally:
-        JITFunction.run, torch.Tensor.contiguous, Autotuner.run = original, contiguous, autotuned
-
-
-def _real(a):
-    """A small real CPU tensor standing in for a fake one (the binder reads its dtype and alignment)."""
-    return torch.empty(16, dtype=a.dtype) if isinstance(a, torch.Tensor) else a
-
-
 def launches(D: int, dtype: torch.dtype, names=None, every_config: bool = False, only=None) -> list[dict]:
     """Every distinct kernel specialisation the wrappers launch at ``D`` in ``dtype`` (for an autotuned
-    kernel: every candidate configuration, see :func:`intercept_launches`); ``only``: these workloads."""
-    backend = make_backend(TARGET)
+    kernel: every candidate its pruning hook keeps, or with ``every_config`` all of its configs;
+    ``kernel_report.recording``); ``only``: these workloads."""
+    let_autograd_record_on_fake_cuda()        # fake CUDA tensors can then be copied (.contiguous())
     seen, out = {}, []
     for workload, run in workloads(D, dtype).items():
         if only and workload not in only:
             continue
         sink: list = []
-        with FakeTensorMode(), intercept_launches(sink, every_config):
+        with FakeTensorMode(), recording(sink, ["fwd"], every_config):
             run()
-        for fn, args, kwargs in sink:
-            if names and fn.__name__ not in names:
+        for launch in sink:
+            if not isinstance(launch, TritonLaunch) or (names and launch.fn.__name__ not in names):
                 continue
-            args = [_real(a) for a in args]
-            kwargs = {k: _real(v) for k, v in kwargs.items()}
-            kwargs.setdefault("debug", False)
-            kwargs["instrumentation_mode"] = knobs.compilation.instrumentation_mode
-            kwargs["fpsan_homomorphic_casts"] = knobs.compilation.fpsan_homomorphic_casts
-            binder = create_function_from_signature(fn.signature, fn.params, backend)
-            bound, spec, options = binder(*args, **kwargs)
-            options, signature, constexprs, attrs = fn._pack_args(backend, kwargs, bound, spec, options)
-            key = (fn.__name__, repr(sorted(signature.items())), repr(sorted(constexprs.items())),
-                   options.num_warps, options.num_stages)
-            if key in seen:
-                seen[key]["used_by"].append(workload)
-                continue
-            names_ = [p.name for p in fn.params]
-            consts = {names_[k[0]]: v for k, v in constexprs.items()}
-            entry = dict(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs, options=options,
-                         kernel=fn.__name__, consts=consts, used_by=[workload])
-            seen[key] = entry
-            out.append(entry)
+            for args, kwargs, _ in launch.candidates:
+                spec = specialise(launch.fn, args, kwargs, SM)
+                if spec["id"] in seen:
+                    seen[spec["id"]]["used_by"].append(workload)
+                    continue
+                entry = {**spec, "used_by": [workload]}
+                seen[spec["id"]] = entry
+                out.append(entry)
     return out
 
 
 # ----------------------------------------------------------------------------- compile and count
 
-PTXAS_SPILL = re.compile(r"(\d+) bytes spill stores, (\d+) bytes spill loads")
-PTXAS_REGS = re.compile(r"Used (\d+) registers")
-
-
 _COUNTED: dict = {}
 
 
 def compile_and_count(entry: dict) -> dict:
-    """Compile one launch for sm_90 and read ptxas's counts (memoised: the same specialisation recurs
-    across D, e.g. the triangular solve, and Triton would not run ptxas again for it)."""
-    key = (entry["kernel"], repr(sorted(entry["signature"].items())), repr(sorted(entry["constexprs"].items())),
-           repr(sorted(entry["options"].__dict__.items())))
-    if key not in _COUNTED:
-        _COUNTED[key] = _compile_and_count(entry)
-    return {**_COUNTED[key], "used_by": entry["used_by"]}
+    """Compile one launch for sm_90 and read ptxas's counts (``kernel_report.compile_spec``; memoised:
+    the same specialisation recurs across D, e.g. the triangular solve, and Triton would not run ptxas
+    again for it)."""
+    if entry["id"] not in _COUNTED:
+        _COUNTED[entry["id"]] = _row(entry, compile_spec(entry))
+    return {**_COUNTED[entry["id"]], "used_by": entry["used_by"]}
 
 
-def _compile_and_count(entry: dict) -> dict:
-    src = ASTSource(fn=entry["fn"], signature=entry["signature"], constexprs=entry["constexprs"],
-                    attrs=entry["attrs"])
-    log = io.StringIO()
-    knobs.nvidia.dump_ptxas_log = True
-    with contextlib.redirect_stdout(log):
-        ck = triton.compile(src, target=TARGET, options=entry["options"].__dict__)
-    text = log.getvalue()
-    regs, spill = PTXAS_REGS.search(text), PTXAS_SPILL.search(text)
-    if regs is None or spill is None:
-        raise RuntimeError(f"no ptxas -v report for {entry['kernel']} (was it cached?):\n{text[-2000:]}")
+def _row(entry: dict, res: dict) -> dict:
     c = entry["consts"]
     flags = [k for k, v in c.items() if v is True]
     tiles = ("CHUNK", "BLOCK_D", "BLOCK_K", "BLOCK_V", "BLOCK_DV")    # BLOCK_M, BLOCK_N, BS: in the flags
@@ -223,8 +152,8 @@ def _compile_and_count(entry: dict) -> dict:
             "chunk": c.get("CHUNK"), "block_d": c.get("BLOCK_D", c.get("BLOCK_K")),
             "block_v": c.get("BLOCK_V", c.get("BLOCK_DV")),
             "num_warps": entry["options"].num_warps, "num_stages": entry["options"].num_stages,
-            "registers": int(regs.group(1)), "spill_store_bytes": int(spill.group(1)),
-            "spill_load_bytes": int(spill.group(2)), "shared_bytes": ck.metadata.shared}
+            "registers": res["registers"], "spill_store_bytes": res["spill_store_bytes"],
+            "spill_load_bytes": res["spill_load_bytes"], "shared_bytes": res["shared_bytes"]}
 
 
 def _launch_shape(entry: dict) -> tuple:

@@ -1,0 +1,153 @@
+"""Invariants of the static kernel report (``scripts/kernel_report.py``), checked without a GPU.
+
+The report captures every launch that ``backend="auto"`` makes for softmax attention, linear attention,
+the delta rule and the gated delta rule (bf16, forward and forward+backward, every benchmark shape) on
+fake sm_75 / sm_80 / sm_89 / sm_90 devices, and the same for fla; it compiles each distinct
+specialisation of attnlib's Triton launches for sm_80, sm_89 and sm_90 (``ptxas -v``, TTGIR). It runs
+once per test session, in subprocesses with the interpreter off (``tests/conftest.py`` turns it on for
+this process), two at a time on two cores: measured 3 min 22 s for this file on a 2-core machine shared
+with other work (5 min 6 s of CPU, two thirds of it compiling 225 distinct specialisations; the
+captures take the rest, mostly sm_75's PyTorch reference loops at T = 65536).
+
+Each test asserts one property of the kernels over that whole matrix:
+
+* every attnlib launch fits its target's shared memory and spills no registers (sm_80, sm_89, sm_90;
+  for an autotuned kernel, every candidate its pruning hook keeps -- the autotuner may pick any);
+* a half-precision (here bf16) path has no tf32 dot and no FMA dot on sm_80+: every ``tl.dot`` runs on
+  16-bit tensor-core instructions (mma.sync, wgmma); float32 inputs, exact "ieee" on purpose, are not
+  in this report;
+* on sm_75 (T4) ``auto`` launches no Triton kernel (Triton has no tensor-core ``tl.dot`` there);
+* attnlib's kernels touch no more bytes than fla's for linear attention, the delta rule and the gated
+  delta rule, forward and forward+backward, at every benchmark shape (bytes: each tensor a launch
+  uses, once per launch -- the report's ``"bytes"`` says exactly what is counted).
+
+Tests skip (with the reason) where Triton's CUDA backend or ptxas is missing (nothing compiles) or fla
+is not installed (no anchor for the bytes).
+"""
+
+import functools
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "scripts" / "kernel_report.py"
+COMPILED = ("sm_80", "sm_89", "sm_90")
+CHUNKED = ("linear", "delta", "gated_delta")
+
+
+def _ptxas_missing() -> str | None:
+    """Why attnlib's kernels cannot be compiled for an NVIDIA target here (None: they can)."""
+    try:
+        from triton import knobs
+        from triton.backends.nvidia.compiler import CUDABackend  # noqa: F401
+
+        if not os.path.exists(knobs.nvidia.ptxas.path):
+            return f"ptxas not found at {knobs.nvidia.ptxas.path}"
+    except Exception as exc:  # noqa: BLE001 - a triton without its CUDA backend or ptxas
+        return f"triton's CUDA backend or ptxas is not available: {exc}"
+    return None
+
+
+def _fla_missing() -> str | None:
+    if importlib.util.find_spec("fla") is None:
+        return "fla (fla-core) is not installed: no anchor for the chunked ops' bytes"
+    return None
+
+
+@functools.cache
+def report() -> dict:
+    """The whole report, made once: every op, shape and target; compiled where ptxas is available;
+    with fla where it is installed."""
+    if importlib.util.find_spec("triton") is None:
+        pytest.skip("triton is not installed")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "kernel_report.json"
+        # fla only where attnlib runs its kernels: the bytes are compared there (sm_75 runs PyTorch).
+        cmd = [sys.executable, str(SCRIPT), "--no-save", "--json-out", str(out), "--fla-targets", ",".join(COMPILED)]
+        cmd += ["--no-compile"] if _ptxas_missing() else []
+        cmd += ["--no-fla"] if _fla_missing() else []
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=1800)
+        assert proc.returncode == 0, proc.stderr[-6000:]
+        return json.loads(out.read_text())
+
+
+def compiled_report() -> dict:
+    why = _ptxas_missing()
+    if why:
+        pytest.skip(why)
+    return report()
+
+
+def attnlib_specialisations(r: dict) -> list[dict]:
+    """Every specialisation an attnlib launch on a compiled target uses (every kept autotuning candidate),
+    each checked to have been compiled."""
+    ids = {sid for key, cap in r["launches"].items() if key.startswith("attnlib|") and key.split("|")[3] in COMPILED
+           for ln in cap["launches"] if ln["kind"] == "triton" for sid in ln["specs"]}
+    assert ids, "no attnlib Triton launch on sm_80/89/90: the report captured nothing"
+    missing = sorted(ids - set(r["specialisations"]))
+    assert not missing, f"launch specialisations that were not compiled: {missing}"
+    specs = [r["specialisations"][sid] for sid in sorted(ids)]
+    errors = [(s["kernel"], s["target"], s["error"]) for s in specs if "error" in s]
+    assert not errors, errors
+    assert {s["target"] for s in specs} == set(COMPILED)
+    return specs
+
+
+def test_every_attnlib_launch_fits_its_targets_shared_memory():
+    specs = attnlib_specialisations(compiled_report())
+    too_big = sorted({(s["target"], s["label"], s["shared_bytes"], s["shared_limit"]) for s in specs
+                      if not 0 <= s["shared_bytes"] <= s["shared_limit"]})
+    assert not too_big, f"(target, specialisation, shared bytes, limit): {too_big}"
+
+
+def test_no_attnlib_launch_spills_registers():
+    specs = attnlib_specialisations(compiled_report())
+    spilled = sorted({(s["target"], s["label"], s["spill_store_bytes"], s["spill_load_bytes"]) for s in specs
+                      if s["spill_store_bytes"] or s["spill_load_bytes"]})
+    assert not spilled, f"(target, specialisation, spill store B, spill load B): {spilled}"
+    assert all(0 < s["registers"] <= 255 for s in specs)
+
+
+def test_half_precision_dots_run_on_16_bit_tensor_cores():
+    r = compiled_report()
+    assert r["dtype"] in ("bf16", "fp16"), "this property is for half-precision inputs"
+    specs = attnlib_specialisations(r)
+    assert any(s["dots"] for s in specs), "no tl.dot found in any TTGIR: the parser missed them"
+    tf32 = sorted({(s["target"], s["kernel"], d["line"]) for s in specs for d in s["dots"] if d["tf32"]})
+    fma = sorted({(s["target"], s["kernel"], d["line"]) for s in specs for d in s["dots"] if d["kind"] == "fma"})
+    wide = sorted({(s["target"], s["kernel"], d["line"], d["a"], d["b"]) for s in specs for d in s["dots"]
+                   if d["kind"] != "fma" and not d["tf32"] and {d["a"], d["b"]} - {"bf16", "f16"}})
+    assert not tf32, f"tf32 dots in a half-precision path (target, kernel, line): {tf32}"
+    assert not fma, f"FMA dots in a half-precision path (target, kernel, line): {fma}"
+    assert not wide, f"dots with operands wider than 16 bits (target, kernel, line, a, b): {wide}"
+
+
+def test_auto_launches_no_triton_kernel_on_sm75():
+    r = report()
+    caps = {key: cap for key, cap in r["launches"].items() if key.startswith("attnlib|") and key.endswith("|sm_75")}
+    assert len(caps) == len(r["ops"]) * len(r["shapes"]), sorted(caps)
+    launched = sorted({(key, ln["kernel"]) for key, cap in caps.items() for ln in cap["launches"]
+                       if ln["kind"] == "triton"})
+    assert not launched, launched
+    assert all(cap["backend"] == "torch" and cap["launches"] for cap in caps.values())
+
+
+def test_attnlib_touches_no_more_bytes_than_fla_in_the_chunked_ops():
+    why = _fla_missing()
+    if why:
+        pytest.skip(why)
+    rows = [row for row in report()["rows"] if row["op"] in CHUNKED and row["target"] in COMPILED]
+    assert len(rows) == len(CHUNKED) * len(report()["shapes"]) * len(COMPILED) * 2
+    assert all(row["anchor"]["name"] == "fla" and row["attnlib"]["backend"] == "triton" for row in rows)
+    more = [(row["target"], row["op"], "x".join(str(row["shape"][k]) for k in "BHTD"), row["pass"], row["ratio"])
+            for row in rows if row["attnlib"]["bytes"] > row["anchor"]["bytes"]]
+    assert not more, f"attnlib touches more bytes than fla (target, op, shape, pass, ratio): {more}"
