@@ -51,7 +51,7 @@ import sys
 import tempfile
 import time
 import types
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from unittest import mock
 
@@ -224,11 +224,16 @@ def fake_gpu(target: Target):
 @dataclass
 class TritonLaunch:
     """One ``kernel[grid](...)`` call: the arguments as the JIT would bind them (``candidates``: one
-    argument set per autotuning candidate, the first used for grid and bytes)."""
+    argument set per autotuning candidate, the first used for grid and bytes). For an autotuned kernel
+    pruned by ``launch.pruner``: its spill table (``module.NAME``), each candidate's ``config_key`` and the
+    head width the table is read at."""
     phase: str
     fn: JITFunction
     candidates: list          # [(args, kwargs, grid)], kwargs including the candidate's configuration
     autotuned: bool
+    table: str | None = None
+    config_keys: list = field(default_factory=list)
+    width: int | None = None
 
 
 @dataclass
@@ -290,9 +295,11 @@ def recording(sink: list, phase: list, every_config: bool = False):
     def record_candidates(self, *args, **kwargs):
         self.nargs = dict(zip(self.arg_names, args))
         launch = TritonLaunch(phase[0], None, [], autotuned=True)
+        launch.table, launch.width = spill_table(self, {**self.nargs, **kwargs})
         group.append(launch)
         try:
             for config in (self.configs if every_config else self.prune_configs(kwargs)):
+                launch.config_keys.append(_config_key(config))
                 self.fn.run(*args, **kwargs, **config.all_kwargs())
         finally:
             group.clear()
@@ -312,6 +319,28 @@ def recording(sink: list, phase: list, every_config: bool = False):
     finally:
         JITFunction.run, Autotuner.run = jit_run, tuner_run
         torch.autograd.function.FunctionCtx.set_materialize_grads = materialize
+
+
+def _config_key(config) -> list:
+    from attnlib.kernels.common.launch import config_key
+    return list(config_key(config))
+
+
+def spill_table(tuner, args: dict) -> tuple[str | None, int | None]:
+    """``(module.NAME, width)`` of the ``SPILLS`` table an autotuner's pruning hook reads (a
+    ``launch.pruner`` closure: its ``spills`` dict, found among the kernel modules' globals) and the head
+    width it reads it at for these arguments; ``(None, None)`` for another hook."""
+    prune = getattr(tuner, "early_config_prune", None)
+    cells = dict(zip(getattr(getattr(prune, "__code__", None), "co_freevars", ()),
+                     (c.cell_contents for c in (getattr(prune, "__closure__", None) or ()))))
+    if "spills" not in cells or "width" not in cells:
+        return None, None
+    for name, module in sorted(sys.modules.items()):
+        if name.startswith("attnlib.kernels"):
+            for attr, value in vars(module).items():
+                if value is cells["spills"]:
+                    return f"{name}.{attr}", int(cells["width"](args))
+    return None, None
 
 
 def jit_function(kernel) -> JITFunction:
@@ -415,11 +444,12 @@ def run_fla(op: str, shape) -> torch.Tensor:
 RUNNERS = {"attnlib": run_attnlib, "fla": run_fla}
 
 
-def capture(lib: str, op: str, shape) -> tuple[list, list]:
+def capture(lib: str, op: str, shape, every_config: bool = False) -> tuple[list, list]:
     """Every launch of the forward, then of the backward of ``<o, do>`` (one record list, tagged), and
-    what the public function called (:func:`direct_calls`)."""
+    what the public function called (:func:`direct_calls`). ``every_config``: every autotuning candidate,
+    not only those the pruning hook keeps (for the spill tables)."""
     sink, phase, calls = [], ["fwd"], []
-    with FakeTensorMode(), recording(sink, phase):
+    with FakeTensorMode(), recording(sink, phase, every_config):
         with direct_calls(RUNNERS[lib].__code__, calls):
             o = RUNNERS[lib](op, shape)
         do = torch.empty_like(o)
@@ -610,18 +640,25 @@ def describe_torch(launches: list) -> list:
     return list(out.values())
 
 
-def capture_worker(lib: str, target_name: str, ops, shapes, spec_file: str | None) -> dict:
+def capture_worker(lib: str, target_name: str, ops, shapes, spec_file: str | None,
+                   every_config: bool = False) -> dict:
     """One (library, target): every (op, shape) captured and described; the specialisations of the
-    Triton launches pickled into ``spec_file`` for the compile step."""
+    Triton launches pickled into ``spec_file`` for the compile step. ``every_config``: also the spill-table
+    entries of every autotuning candidate (``"candidates"``: table, config key, width, specialisation)."""
     target = TARGETS[target_name]
-    captures, specs = [], {}
+    captures, specs, tabled = [], {}, []
     with fake_gpu(target):
         for op in ops:
             if lib == "fla" and op not in CHUNKED:
                 continue
             for shape in shapes:
                 t0 = time.time()
-                sink, calls = capture(lib, op, shape)
+                sink, calls = capture(lib, op, shape, every_config)
+                for ln in sink:
+                    if isinstance(ln, TritonLaunch) and ln.table:
+                        for (a, kw, _), key in zip(ln.candidates, ln.config_keys):
+                            tabled.append({"table": ln.table, "config_key": key, "width": ln.width,
+                                           "spec": specialise(ln.fn, a, kw, target.sm)["id"]})
                 triton_ = [describe_triton(ln, target, specs) for ln in sink if isinstance(ln, TritonLaunch)]
                 torch_ = describe_torch([ln for ln in sink if isinstance(ln, TorchLaunch)])
                 captures.append({"lib": lib, "op": op, "shape": list(shape), "target": target_name,
@@ -635,7 +672,7 @@ def capture_worker(lib: str, target_name: str, ops, shapes, spec_file: str | Non
                    "consts": {c: _plain(v) for c, v in s["consts"].items()},
                    "num_warps": s["options"].num_warps, "num_stages": s["options"].num_stages}
                for k, s in specs.items()}
-    return {"captures": captures, "specs": summary}
+    return {"captures": captures, "specs": summary, "candidates": tabled}
 
 
 # ----------------------------------------------------------------------------- compiling for a target
@@ -808,7 +845,7 @@ COMPILE_BATCH = 12          # specialisations per compile worker: ~30 s of work 
 
 
 def collect(ops, shapes, targets, libs, compile_: bool, parallel: int, fla_targets=None,
-            progress=sys.stderr) -> dict:
+            progress=sys.stderr, every_config: bool = False) -> dict:
     """Capture every (library, target) in its own subprocess and compile attnlib's distinct
     specialisations for the compiled targets in batches, ``parallel`` subprocesses at a time. A target's
     compile batches start as soon as its capture is done (they run beside the other captures): attnlib's
@@ -816,7 +853,7 @@ def collect(ops, shapes, targets, libs, compile_: bool, parallel: int, fla_targe
     then fla's."""
     work = Path(tempfile.mkdtemp(prefix="kernel-report-work-"))
     script = str(Path(__file__).resolve())
-    data = {"captures": [], "specs": {}, "compiled": {}}
+    data = {"captures": [], "specs": {}, "compiled": {}, "candidates": {}}
     queued: set = set()
     t0 = time.time()
 
@@ -843,6 +880,7 @@ def collect(ops, shapes, targets, libs, compile_: bool, parallel: int, fla_targe
         part = json.loads(out.read_text())
         data["captures"] += part["captures"]
         data["specs"].update(part["specs"])
+        data["candidates"][target] = data["candidates"].get(target, []) + part["candidates"]
         print(f"  captured {lib} on {target} ({time.time() - t0:.0f} s)", file=progress)
         return compile_batches(spec_file) if compile_ and lib == "attnlib" and target in COMPILED_TARGETS else []
 
@@ -860,7 +898,8 @@ def collect(ops, shapes, targets, libs, compile_: bool, parallel: int, fla_targe
         jobs.append(Job(f"capture {lib} {target}",
                         [sys.executable, script, "--worker", "capture", "--lib", lib, "--targets", target,
                          "--ops", ",".join(lib_ops), "--shapes", ",".join(map(shape_name, shapes)),
-                         "--worker-out", str(out), "--spec-file", str(spec_file)],
+                         "--worker-out", str(out), "--spec-file", str(spec_file)]
+                        + (["--every-config"] if every_config else []),
                         functools.partial(read_capture, lib, target, out, spec_file)))
     run_jobs(jobs, parallel)
     print(f"captured {len(data['captures'])} (library, op, shape, target), compiled {len(data['compiled'])} "
@@ -1052,6 +1091,36 @@ def dumps(report: dict) -> str:
     return "{\n" + ",\n".join(parts) + "\n}\n"
 
 
+SPILL_SHAPES = ((1, 2, 4096, 64), (1, 2, 4096, 128), (1, 2, 4096, 256))
+
+
+def spill_tables(data: dict) -> dict:
+    """``{table: {family: {config_key: narrowest width that spilled}}}`` from every candidate compiled on
+    each target: the ``SPILLS`` tables ``launch.pruner`` reads (a candidate that spills at some head width
+    is pruned at that width and wider)."""
+    from attnlib.kernels.common.launch import family as family_of
+
+    tables: dict = {}
+    for tname, cands in data["candidates"].items():
+        family = family_of(TARGETS[tname].capability)
+        for c in cands:
+            res = data["compiled"].get(c["spec"], {})
+            table = tables.setdefault(c["table"], {}).setdefault(family, {})
+            if res.get("spill_store_bytes") or res.get("spill_load_bytes") or "error" in res:
+                key = tuple(c["config_key"])
+                table[key] = min(table.get(key, c["width"]), c["width"])
+    return tables
+
+
+def print_spill_tables(tables: dict, out=sys.stdout) -> None:
+    """The tables as Python literals, one per module constant, to paste into the kernel modules."""
+    for name in sorted(tables):
+        print(f"# {name}", file=out)
+        body = ", ".join(f'"{fam}": {{' + ", ".join(f"{k}: {w}" for k, w in sorted(entries.items())) + "}"
+                         for fam, entries in sorted(tables[name].items()))
+        print(f"{name.rsplit('.', 1)[1]} = {{{body}}}", file=out)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--ops", default=",".join(OPS), help=f"comma-separated, from {','.join(OPS)}")
@@ -1063,6 +1132,10 @@ def main(argv=None) -> int:
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="parallel worker processes")
     ap.add_argument("--no-save", action="store_true", help=f"do not write {RESULT.relative_to(ROOT)}")
     ap.add_argument("--json-out", help="write the report to this file (as well)")
+    ap.add_argument("--spill-tables", action="store_true",
+                    help="compile every autotuning candidate of attnlib's kernels (every op, D 64/128/256, "
+                         "sm_80/89/90) and print the SPILLS tables their pruning hooks read")
+    ap.add_argument("--every-config", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--worker", choices=("capture", "compile"), help=argparse.SUPPRESS)
     ap.add_argument("--lib", help=argparse.SUPPRESS)
     ap.add_argument("--worker-out", help=argparse.SUPPRESS)
@@ -1078,13 +1151,17 @@ def main(argv=None) -> int:
         if t not in TARGETS:
             ap.error(f"unknown target {t!r}")
     if a.worker == "capture":
-        out = capture_worker(a.lib, targets[0], ops, shapes, a.spec_file)
+        out = capture_worker(a.lib, targets[0], ops, shapes, a.spec_file, a.every_config)
         Path(a.worker_out).write_text(json.dumps(out))
         return 0
     if a.worker == "compile":
         Path(a.worker_out).write_text(json.dumps(compile_worker(a.spec_file)))
         return 0
 
+    if a.spill_tables:
+        data = collect(ops, SPILL_SHAPES, COMPILED_TARGETS, ["attnlib"], True, max(1, a.jobs), every_config=True)
+        print_spill_tables(spill_tables(data))
+        return 0
     fla = None if a.no_fla else fla_available()
     if fla is None and not a.no_fla:
         print("[warn] fla-core is not installed: the report has no anchor for the chunked ops", file=sys.stderr)

@@ -8,10 +8,11 @@ dispatch; the experiments that chapters run on them live here, one submodule per
     mqar     multi-query associative recall and the tiny models trained on it (chapter 4 onwards)
     anna     chapter 5's tasks (match2, k-hop induction), collision rates, the (c, r) conditions
     grassmann  chapter 6's corpus, GrassmannLM and TransformerLM, training, counted FLOPs
+    kernels  what the chunked kernels move, launch by launch, read from the static kernel report
 
 Chapters add their own submodule with one import line below.
 """
 
-from . import anna, grassmann, linear, mqar, recall
+from . import anna, grassmann, kernels, linear, mqar, recall
 
-__all__ = ["anna", "grassmann", "linear", "mqar", "recall"]
+__all__ = ["anna", "grassmann", "kernels", "linear", "mqar", "recall"]

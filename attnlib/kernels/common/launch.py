@@ -70,13 +70,18 @@ def sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
 
 
-def target_family(device: torch.device) -> str:
-    """The ``SPILLS`` table a device reads: ``"sm90"`` (Hopper and newer: wgmma), ``"sm80"`` (A100),
-    ``"sm89"`` (the other Ampere and Ada parts: sm_86, sm_87, sm_89)."""
-    cap = capability(device)
-    if cap is None or cap >= (9, 0):
+def family(cap: tuple[int, int] | None) -> str:
+    """The ``SPILLS`` table a compute capability reads: ``"sm90"`` (Hopper and newer: wgmma; also the
+    interpreter, ``None``), ``"sm80"`` (A100), ``"sm89"`` (the other Ampere and Ada parts: sm_86, sm_87,
+    sm_89)."""
+    if cap is None or tuple(cap) >= (9, 0):
         return "sm90"
-    return "sm80" if cap == (8, 0) else "sm89"
+    return "sm80" if tuple(cap) == (8, 0) else "sm89"
+
+
+def target_family(device: torch.device) -> str:
+    """:func:`family` of a device."""
+    return family(capability(device))
 
 
 def config_key(cfg: triton.Config) -> tuple:
@@ -138,5 +143,5 @@ def check_chunk(chunk_size: int) -> None:
 
 
 __all__ = ["KERNEL_CHUNKS", "MAX_HEAD_DIM", "MIN_DOT", "SHARED_MEMORY", "autotuned", "capability", "check_chunk",
-           "config_key", "head_block", "interpret_config", "num_chunks", "pruner", "require_launchable",
+           "config_key", "family", "head_block", "interpret_config", "num_chunks", "pruner", "require_launchable",
            "shared_memory_limit", "sm_count", "target_family"]
