@@ -60,23 +60,26 @@ class _TritonAttention(torch.autograd.Function):
     all it needs, and no ``[T, T]`` matrix is ever stored) and applies ``dS = P * (dP - delta)`` with
     ``delta_i = sum_j P_ij dP_ij = do_i . o_i`` -- chapter 1's "advantage with a baseline" form of the
     softmax gradient. A loss on the returned ``lse`` adds ``P_ij dlse_i`` to ``dS``: the kernels fold it
-    into the baseline, ``delta_i - dlse_i``.
+    into the baseline, ``delta_i - dlse_i``. ``deterministic`` picks the backward's form: two kernels
+    (dK/dV, then dQ; the same bits on every run) or one fused kernel that adds dQ with float32 atomics
+    (``attnlib/kernels/flash/backward.py``).
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, scale, causal):
+    def forward(ctx, q, k, v, scale, causal, deterministic):
         from .kernels.flash import flash_attention_forward
         o, lse = flash_attention_forward(q, k, v, scale=scale, causal=causal)
         ctx.save_for_backward(q, k, v, o, lse)
-        ctx.scale, ctx.causal = scale, causal
+        ctx.scale, ctx.causal, ctx.deterministic = scale, causal, deterministic
         return o, lse
 
     @staticmethod
     def backward(ctx, do, dlse):
         from .kernels.flash import flash_attention_backward
         q, k, v, o, lse = ctx.saved_tensors
-        dq, dk, dv = flash_attention_backward(q, k, v, o, lse, do, dlse, scale=ctx.scale, causal=ctx.causal)
-        return dq, dk, dv, None, None
+        dq, dk, dv = flash_attention_backward(q, k, v, o, lse, do, dlse, scale=ctx.scale, causal=ctx.causal,
+                                              deterministic=ctx.deterministic)
+        return dq, dk, dv, None, None, None
 
 
 def _why_not_kernel(D: int, Dv: int) -> str | None:
@@ -88,7 +91,7 @@ def _why_not_kernel(D: int, Dv: int) -> str | None:
 
 def softmax_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
                       scale: float | None = None, causal: bool = False, return_lse: bool = False,
-                      backend: str = "auto"):
+                      backend: str = "auto", deterministic: bool = True):
     """Scaled dot-product softmax attention.
 
     Args:
@@ -101,18 +104,24 @@ def softmax_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
             fp16/bf16/fp32, head dims up to 256; otherwise PyTorch -- on a GPU its fused
             ``scaled_dot_product_attention`` when ``return_lse`` is False, the reference elsewhere),
             ``"torch"`` (the reference) or ``"triton"``.
+        deterministic: the Triton backward's form. True (the default): a dK/dV kernel and a dQ kernel,
+            each gradient summed in a fixed order (identical bits on every run). False: one fused kernel
+            that computes ``P`` and ``dS`` once and adds dQ with float32 atomics, so dQ may differ in its
+            last bits from run to run. The PyTorch paths ignore it.
 
     Returns:
         ``o [B, H, Tq, Dv]`` in the inputs' dtype, or ``(o, lse)``.
     """
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool; got {type(causal).__name__}")
+    if not isinstance(deterministic, bool):
+        raise TypeError(f"deterministic must be a bool; got {type(deterministic).__name__}")
     _validate.check_qkv(q, k, v, same_length=causal)
     D = q.shape[-1]
     scale = 1.0 / math.sqrt(D) if scale is None else _validate.check_positive("scale", scale)
     which = choose_backend(backend, q, why_not=_why_not_kernel(D, v.shape[-1]))
     if which == "triton":
-        o, lse = _TritonAttention.apply(q, k, v, scale, causal)
+        o, lse = _TritonAttention.apply(q, k, v, scale, causal, deterministic)
     elif backend == "auto" and q.is_cuda and not return_lse and q.dtype != torch.float64:
         # No kernel of ours here (e.g. a T4): PyTorch's fused attention, which does use its tensor cores
         # and never forms the [T, T] matrix. It returns no LSE, hence the condition.

@@ -219,6 +219,16 @@ def fake_gpu(target: Target):
             driver._active = previous
 
 
+@contextlib.contextmanager
+def pointer_loads():
+    """The wrappers' pointer path on every target: the fallback of the tensor-descriptor (TMA) loads on
+    sm_90, taken for strides TMA cannot address or a Triton without host-side descriptors."""
+    from attnlib.kernels.common import launch
+
+    with mock.patch.object(launch, "tma_device", lambda device: False):
+        yield
+
+
 # ----------------------------------------------------------------------------- recording launches
 
 @dataclass
@@ -276,6 +286,26 @@ def distinct(tensors) -> list:
     return list(seen.values())
 
 
+def _descriptor_type():
+    try:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+    except ImportError:                                   # a Triton without host-side descriptors
+        return None
+    return TensorDescriptor
+
+
+TensorDescriptor = _descriptor_type()
+
+
+def is_descriptor(a) -> bool:
+    return TensorDescriptor is not None and isinstance(a, TensorDescriptor)
+
+
+def _copy_descriptor(a):
+    """A descriptor's box is set by each candidate's pre-hook: record a copy, not the shared object."""
+    return TensorDescriptor(a.base, list(a.shape), list(a.strides), list(a.block_shape)) if is_descriptor(a) else a
+
+
 @contextlib.contextmanager
 def recording(sink: list, phase: list, every_config: bool = False):
     """Record Triton launches and PyTorch kernels into ``sink`` instead of running them; ``phase[0]``
@@ -300,7 +330,9 @@ def recording(sink: list, phase: list, every_config: bool = False):
         try:
             for config in (self.configs if every_config else self.prune_configs(kwargs)):
                 launch.config_keys.append(_config_key(config))
-                self.fn.run(*args, **kwargs, **config.all_kwargs())
+                if config.pre_hook is not None:             # e.g. the tensor descriptors' boxes
+                    config.pre_hook({**self.nargs, **kwargs, **config.all_kwargs()})
+                self.fn.run(*(_copy_descriptor(a) for a in args), **kwargs, **config.all_kwargs())
         finally:
             group.clear()
             self.nargs = None
@@ -499,7 +531,10 @@ def direct_calls(caller, sink: list):
 
 def _stand_in(a):
     """What the binder sees for a fake tensor: a small real CPU tensor of its dtype and its 16-byte
-    alignment (the binder specialises pointers on it); anything else as it is."""
+    alignment (the binder specialises pointers on it); a tensor descriptor over such a tensor, with its
+    shape, strides and box; anything else as it is."""
+    if is_descriptor(a):
+        return TensorDescriptor(_stand_in(a.base), list(a.shape), list(a.strides), list(a.block_shape))
     if not isinstance(a, torch.Tensor):
         return a
     size = a.element_size()
@@ -605,7 +640,8 @@ def describe_triton(launch: TritonLaunch, target: Target, specs: dict) -> dict:
     grid = grid(named) if callable(grid) else grid
     grid = [int(g) for g in grid] + [1] * (3 - len(grid))
     used = used_parameters(first, fn)
-    tensors = {name: v for name, v in named.items() if isinstance(v, torch.Tensor)}
+    tensors = {name: (v.base if is_descriptor(v) else v) for name, v in named.items()
+               if isinstance(v, torch.Tensor) or is_descriptor(v)}
     counted = {n: t for n, t in tensors.items() if used is None or n in used}
     dummies = []
     for name, t in tensors.items():
@@ -700,9 +736,11 @@ def compile_spec(spec: dict) -> dict:
     regs, spill = PTXAS_REGS.search(text), PTXAS_SPILL.search(text)
     if regs is None or spill is None:
         raise RuntimeError(f"no ptxas -v report for {spec['kernel']} (was it cached?):\n{text[-2000:]}")
+    ptx = compiled.asm["ptx"]
     return {"shared_bytes": compiled.metadata.shared, "registers": int(regs.group(1)),
             "spill_store_bytes": int(spill.group(1)), "spill_load_bytes": int(spill.group(2)),
-            "dots": ttgir_dots(compiled.asm["ttgir"])}
+            "dots": ttgir_dots(compiled.asm["ttgir"]), "tma": "cp.async.bulk.tensor" in ptx,
+            "mma": "wgmma" if "wgmma.mma_async" in ptx else "mma.sync" if "mma.sync" in ptx else "fma"}
 
 
 _DOT = re.compile(r"= (tt\.dot|ttng\.warp_group_dot) .*? : (.*?) -> (.*?) loc\((#loc\d*)\)\s*$")

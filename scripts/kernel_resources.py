@@ -1,27 +1,38 @@
 """Registers, spills and shared memory of the chunked, flash and block-sparse Triton kernels, compiled
-for an H100 (sm_90) on the CPU. A compile-time resource report, not a timing: nothing runs on a GPU.
+on the CPU for an A100 (sm_80), an L4 (sm_89) or an H100 (sm_90; the default), at D = 64, 128, 256 in
+bf16 and fp16, every variant the wrappers launch (causal and not, the fused flash backward, the dq-only
+delta backward, block-sparse): the matrix behind the autotuners' ``SPILLS`` tables and the resource
+tests. A compile-time resource report, not a timing: nothing runs on a GPU. (``kernel_report.py`` is the
+report at the benchmark shapes, with bytes and fla beside.)
 
 How. The public wrappers (``linear_chunk_forward/backward``, ``delta_rule_chunk_forward/backward``,
 ``flash_attention_forward/backward``, ``block_sparse_attention_forward/backward``) run under
 ``FakeTensorMode`` on a fake CUDA device, so every block size, warp count and stage count is the one
 they would choose on a GPU (``common/launch.py``). Each kernel launch is intercepted instead of run;
 its arguments go through Triton's own binder (the specialisation the JIT would make: pointer and
-integer divisibility by 16, integers equal to 1 as constants) and the kernel is compiled with
-``triton.compile`` for ``GPUTarget("cuda", 90, 32)``. Triton hands the PTX to its bundled ``ptxas -v``;
-we capture that log (``TRITON_DUMP_PTXAS_LOG``) for registers per thread and spill bytes, and read the
-shared memory Triton allocates from the compiled metadata.
+integer divisibility by 16, integers equal to 1 as constants; a tensor descriptor's dtype and box) and
+the kernel is compiled with ``triton.compile`` for the target (``--sm``; the device queries -- compute
+capability, shared memory per block -- answer for it: ``kernel_report.fake_gpu``). Triton hands the PTX
+to its bundled ``ptxas -v``; we capture that log for registers per thread and spill bytes, read the
+shared memory Triton allocates from the compiled metadata, and from the PTX which instruction the
+products lower to (``wgmma``, ``mma.sync`` or neither: FMA) and whether tiles are loaded by TMA.
 
-Autotuned kernels (the flash forward and backward) would benchmark on a GPU. Here the autotuner's
-launch is intercepted too: its ``early_config_prune`` hook runs (with the real arguments: D, dtype) and
-every configuration it keeps -- any of which the autotuner may pick -- is captured as its own launch.
+Autotuned kernels would benchmark on a GPU. Here the autotuner's launch is intercepted too: its
+``early_config_prune`` hook runs (with the real arguments and the target's shared memory and spill
+table) and every configuration it keeps -- any of which the autotuner may pick -- is captured as its
+own launch, after the configuration's pre-hook (which sets the tensor descriptors' boxes).
 ``--every-config`` skips the hook and captures the whole ``configs`` list (to see what the hook removes).
-The block-sparse wrappers are run with ``block_size`` 128, the largest tiles they launch.
+``--no-tma`` takes the pointer loads on sm_90 too (the fallback of the descriptor path). The
+block-sparse wrappers are run with ``block_size`` 128, the largest tiles they launch.
 
 Run with TRITON_INTERPRET unset, from the repository root:
 
     PYTHONPATH=$PWD python scripts/kernel_resources.py                       # D 64/128/256, bf16+fp16
     PYTHONPATH=$PWD python scripts/kernel_resources.py --dims 128 --dtypes bf16 --kernels _bwd_dqk_kernel --no-save
     PYTHONPATH=$PWD python scripts/kernel_resources.py --kernels _flash_fwd_kernel --every-config --no-save
+    PYTHONPATH=$PWD python scripts/kernel_resources.py --sm 80 89 90 --workloads "flash fused" --no-save
+
+The ``SPILLS`` tables themselves come from ``kernel_report.py --spill-tables``.
 
 ``--json-stdout`` prints the rows as one JSON line (``tests/test_kernel_registers.py`` reads it).
 """
@@ -29,6 +40,7 @@ Run with TRITON_INTERPRET unset, from the repository root:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import sys
@@ -38,10 +50,20 @@ import triton
 
 # The capture and compile machinery lives in kernel_report.py (importing it sets the Triton environment:
 # interpreter off -- attnlib's kernels are imported later, in workloads() -- and ptxas on every compile).
-from kernel_report import ROOT, TritonLaunch, compile_spec, let_autograd_record_on_fake_cuda, recording, specialise
+from kernel_report import (
+    ROOT,
+    TARGETS,
+    TritonLaunch,
+    compile_spec,
+    fake_gpu,
+    is_descriptor,
+    pointer_loads,
+    recording,
+    specialise,
+)
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-SM = 90                                           # H100
+SMS = (80, 89, 90)                                # A100, L4, H100: the targets auto runs the kernels on
 RESULT = ROOT / "benchmarks" / "results" / "kernel_resources.json"
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 SEQ_LEN = 4096                                    # the length the integers are specialised for (T % 16 == 0)
@@ -52,7 +74,7 @@ BLOCK_SIZE = 128                                  # the block-sparse mask's bloc
 
 def workloads(D: int, dtype: torch.dtype) -> dict:
     """Forward and backward of each chunked, flash and block-sparse mechanism at head dim ``D`` (Dv = D),
-    as callables."""
+    as callables (the flash backward in both forms: deterministic and fused)."""
     from attnlib.kernels.block_sparse import block_sparse_attention_backward, block_sparse_attention_forward
     from attnlib.kernels.delta.chunk import delta_rule_chunk_backward, delta_rule_chunk_forward
     from attnlib.kernels.flash import flash_attention_backward, flash_attention_forward
@@ -75,17 +97,18 @@ def workloads(D: int, dtype: torch.dtype) -> dict:
         beta = x(B, H, T)
         g = x(B, H, T, dt=torch.float32) if gated else None
         s0, dS = x(B, H, D, D, dt=torch.float32), x(B, H, D, D, dt=torch.float32)
-        _, _, saved = delta_rule_chunk_forward(q, k, v, beta, g, scale=D ** -0.5, initial_state=s0)
-        delta_rule_chunk_backward(q, k, v, beta, s0, saved, do, dS, scale=D ** -0.5, chunk_size=64, only_dq=only_dq)
+        delta_rule_chunk_forward(q, k, v, beta, g, scale=D ** -0.5, initial_state=s0)
+        delta_rule_chunk_backward(q, k, v, beta, g, s0, do, dS, scale=D ** -0.5, chunk_size=64, only_dq=only_dq)
 
     # Two heads: with one, the JIT would specialise ``H = 1`` away (the chunked kernels take no H).
     def attention(B=1, H=2):
         return x(B, H, T, D), x(B, H, T, D), x(B, H, T, D), x(B, H, T, D), x(B, H, T, dt=torch.float32)
 
-    def flash(causal):
+    def flash(causal, deterministic=True):
         q, k, v, do, dlse = attention()
         o, lse = flash_attention_forward(q, k, v, scale=D ** -0.5, causal=causal)
-        flash_attention_backward(q, k, v, o, lse, do, dlse, scale=D ** -0.5, causal=causal)
+        flash_attention_backward(q, k, v, o, lse, do, dlse, scale=D ** -0.5, causal=causal,
+                                 deterministic=deterministic)
 
     def block_sparse(causal):
         q, k, v, do, dlse = attention()
@@ -99,14 +122,14 @@ def workloads(D: int, dtype: torch.dtype) -> dict:
             "delta": lambda: delta(False), "gated delta": lambda: delta(True),
             "gated delta, dq only": lambda: delta(True, only_dq=True),
             "flash": lambda: flash(True), "flash non-causal": lambda: flash(False),
+            "flash fused": lambda: flash(True, False), "flash fused non-causal": lambda: flash(False, False),
             "block-sparse": lambda: block_sparse(True), "block-sparse non-causal": lambda: block_sparse(False)}
 
 
-def launches(D: int, dtype: torch.dtype, names=None, every_config: bool = False, only=None) -> list[dict]:
-    """Every distinct kernel specialisation the wrappers launch at ``D`` in ``dtype`` (for an autotuned
-    kernel: every candidate its pruning hook keeps, or with ``every_config`` all of its configs;
-    ``kernel_report.recording``); ``only``: these workloads."""
-    let_autograd_record_on_fake_cuda()        # fake CUDA tensors can then be copied (.contiguous())
+def launches(D: int, dtype: torch.dtype, sm: int, names=None, every_config: bool = False, only=None) -> list[dict]:
+    """Every distinct kernel specialisation the wrappers launch at ``D`` in ``dtype`` on ``sm_<sm>`` (for
+    an autotuned kernel: every candidate its pruning hook keeps, or with ``every_config`` all of its
+    configs; ``kernel_report.recording``); ``only``: these workloads. Run inside ``fake_gpu``."""
     seen, out = {}, []
     for workload, run in workloads(D, dtype).items():
         if only and workload not in only:
@@ -118,11 +141,11 @@ def launches(D: int, dtype: torch.dtype, names=None, every_config: bool = False,
             if not isinstance(launch, TritonLaunch) or (names and launch.fn.__name__ not in names):
                 continue
             for args, kwargs, _ in launch.candidates:
-                spec = specialise(launch.fn, args, kwargs, SM)
+                spec = specialise(launch.fn, args, kwargs, sm)
                 if spec["id"] in seen:
                     seen[spec["id"]]["used_by"].append(workload)
                     continue
-                entry = {**spec, "used_by": [workload]}
+                entry = {**spec, "used_by": [workload], "descriptors": any(map(is_descriptor, args))}
                 seen[spec["id"]] = entry
                 out.append(entry)
     return out
@@ -134,9 +157,9 @@ _COUNTED: dict = {}
 
 
 def compile_and_count(entry: dict) -> dict:
-    """Compile one launch for sm_90 and read ptxas's counts (``kernel_report.compile_spec``; memoised:
-    the same specialisation recurs across D, e.g. the triangular solve, and Triton would not run ptxas
-    again for it)."""
+    """Compile one launch for its target and read ptxas's counts (``kernel_report.compile_spec``;
+    memoised: the same specialisation recurs across D, e.g. the triangular solve, and Triton would not
+    run ptxas again for it)."""
     if entry["id"] not in _COUNTED:
         _COUNTED[entry["id"]] = _row(entry, compile_spec(entry))
     return {**_COUNTED[entry["id"]], "used_by": entry["used_by"]}
@@ -148,7 +171,7 @@ def _row(entry: dict, res: dict) -> dict:
     tiles = ("CHUNK", "BLOCK_D", "BLOCK_K", "BLOCK_V", "BLOCK_DV")    # BLOCK_M, BLOCK_N, BS: in the flags
     flags += [f"{k}={v}" for k, v in c.items() if type(v) is int and k not in tiles]
     flags += [f"{k}={v}" for k, v in entry["signature"].items() if k in ("O", "V") and v == "*fp32"]
-    return {"kernel": entry["kernel"], "flags": flags,
+    return {"kernel": entry["kernel"], "sm": entry["sm"], "flags": flags, "mma": res["mma"], "tma": res["tma"],
             "chunk": c.get("CHUNK"), "block_d": c.get("BLOCK_D", c.get("BLOCK_K")),
             "block_v": c.get("BLOCK_V", c.get("BLOCK_DV")),
             "num_warps": entry["options"].num_warps, "num_stages": entry["options"].num_stages,
@@ -163,40 +186,48 @@ def _launch_shape(entry: dict) -> tuple:
 
 
 def report(dims, dtypes, names=None, progress=sys.stderr, every_config: bool = False, only=None,
-           widest_only: bool = False) -> list[dict]:
-    """Compile and count every launch. ``widest_only``: a launch that recurs at several head widths
-    (the same autotuning candidate kept at D 64 and 128) is compiled at the widest only -- the
-    registers of a configuration never fell when D shrank, in every row of the saved report."""
+           widest_only: bool = False, sms=(90,), tma: bool = True) -> list[dict]:
+    """Compile and count every launch, for each target in ``sms``. ``widest_only``: a launch that recurs
+    at several head widths (the same autotuning candidate kept at D 64 and 128) is compiled at the
+    widest only -- the registers of a configuration never fell when D shrank, in every row of the
+    saved report. ``tma=False``: the pointer path on sm_90 too (``kernel_report.pointer_loads``)."""
     rows = []
-    for dt in dtypes:
-        done = set()
-        for D in sorted(dims, reverse=widest_only):
-            for entry in launches(D, DTYPES[dt], names, every_config, only):
-                if widest_only:
-                    if _launch_shape(entry) in done:
-                        continue
-                    done.add(_launch_shape(entry))
-                row = {"D": D, "dtype": dt, **compile_and_count(entry)}
-                rows.append(row)
-                if progress:
-                    print(fmt_row(row), file=progress, flush=True)
+    for sm in sms:
+        with fake_gpu(TARGETS[f"sm_{sm}"]), (contextlib.nullcontext() if tma else pointer_loads()):
+            for dt in dtypes:
+                done = set()
+                for D in sorted(dims, reverse=widest_only):
+                    for entry in launches(D, DTYPES[dt], sm, names, every_config, only):
+                        if widest_only:
+                            if _launch_shape(entry) in done:
+                                continue
+                            done.add(_launch_shape(entry))
+                        row = {"D": D, "dtype": dt, **compile_and_count(entry)}
+                        rows.append(row)
+                        if progress:
+                            print(fmt_row(row), file=progress, flush=True)
     return rows
 
 
-HEADER = (f"{'kernel':<29} {'flags':<40} {'D':>4} {'dtype':<5} {'chunk':>5} {'BD':>4} {'BV':>4} {'warps':>5} "
-          f"{'stages':>6} {'regs':>4} {'spill st/ld B':>14} {'smem B':>7}")
+HEADER = (f"{'sm':>3} {'kernel':<29} {'flags':<40} {'D':>4} {'dtype':<5} {'chunk':>5} {'BD':>4} {'BV':>4} "
+          f"{'warps':>5} {'stages':>6} {'regs':>4} {'spill st/ld B':>14} {'smem B':>7} {'mma':>8} tma")
 
 
 def fmt_row(r: dict) -> str:
-    return (f"{r['kernel']:<29} {','.join(r['flags']):<40} {r['D']:>4} {r['dtype']:<5} {r['chunk'] or '-':>5} "
-            f"{r['block_d'] or '-':>4} {r['block_v'] or '-':>4} {r['num_warps']:>5} {r['num_stages']:>6} "
-            f"{r['registers']:>4} "
-            f"{str(r['spill_store_bytes']) + '/' + str(r['spill_load_bytes']):>14} {r['shared_bytes']:>7}")
+    return (f"{r['sm']:>3} {r['kernel']:<29} {','.join(r['flags']):<40} {r['D']:>4} {r['dtype']:<5} "
+            f"{r['chunk'] or '-':>5} {r['block_d'] or '-':>4} {r['block_v'] or '-':>4} {r['num_warps']:>5} "
+            f"{r['num_stages']:>6} {r['registers']:>4} "
+            f"{str(r['spill_store_bytes']) + '/' + str(r['spill_load_bytes']):>14} {r['shared_bytes']:>7} "
+            f"{r['mma']:>8} {'yes' if r['tma'] else 'no'}")
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--dims", type=int, nargs="+", default=[64, 128, 256])
+    ap.add_argument("--sm", type=int, nargs="+", default=[90], choices=SMS,
+                    help="targets: 80 (A100), 89 (L4; also the sm_86 parts' table), 90 (H100); default 90")
+    ap.add_argument("--no-tma", action="store_true",
+                    help="the pointer loads on sm_90 too (the fallback of the tensor-descriptor path; not saved)")
     ap.add_argument("--dtypes", nargs="+", default=["bf16", "fp16"], choices=sorted(DTYPES))
     ap.add_argument("--kernels", default="", help="comma-separated kernel names (default: all)")
     ap.add_argument("--no-save", action="store_true", help=f"do not write {RESULT.relative_to(ROOT)}")
@@ -211,14 +242,14 @@ def main(argv=None) -> int:
     only = set(filter(None, a.workloads.split(",")))
     print(HEADER, file=sys.stderr)
     rows = report(a.dims, a.dtypes, names or None, every_config=a.every_config, only=only or None,
-                  widest_only=a.widest_only)
+                  widest_only=a.widest_only, sms=a.sm, tma=not a.no_tma)
     if a.json_stdout:
         print(json.dumps(rows))
-    if not (a.no_save or a.every_config or a.widest_only or only):
+    if not (a.no_save or a.every_config or a.widest_only or only or a.no_tma):
         RESULT.parent.mkdir(parents=True, exist_ok=True)
-        meta = {"what": "compile-time resources of the chunked, flash and block-sparse kernels for sm_90 (ptxas -v), "
+        meta = {"what": "compile-time resources of the chunked, flash and block-sparse kernels (ptxas -v), "
                         "not a timing; autotuned kernels: one row per candidate the pruning hook keeps",
-                "target": "cuda sm_90 (H100), warp size 32", "triton": triton.__version__,
+                "target": ", ".join(f"cuda sm_{sm}" for sm in a.sm) + ", warp size 32", "triton": triton.__version__,
                 "torch": torch.__version__, "date": datetime.date.today().isoformat(),
                 "seq_len_specialised": SEQ_LEN, "block_sparse_block_size": BLOCK_SIZE, "rows": rows}
         RESULT.write_text(json.dumps(meta, indent=1) + "\n")

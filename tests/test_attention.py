@@ -139,6 +139,8 @@ def test_reference_fp16_with_huge_logits_is_finite():
     (dict(scale=0.0), ValueError, r"scale must be a finite number > 0; got 0.0"),
     (dict(scale=float("nan")), ValueError, r"scale must be a finite number > 0"),
     (dict(backend="cuda"), ValueError, r"backend must be one of"),
+    (dict(deterministic=1), TypeError, r"deterministic must be a bool; got int"),
+    (dict(causal="yes"), TypeError, r"causal must be a bool; got str"),
     (dict(causal=True, k=torch.randn(2, 4, 12, 32), v=torch.randn(2, 4, 12, 32)), ValueError,
      r"causal attention needs as many queries as keys"),
     (dict(k=torch.randn(2, 4, 0, 32), v=torch.randn(2, 4, 0, 32)), ValueError, r"empty set of keys"),

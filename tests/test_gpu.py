@@ -31,6 +31,16 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 
 DTYPES = [torch.float16, torch.bfloat16, torch.float32]
 TOL = {torch.float32: 2e-5, torch.float16: 3e-3, torch.bfloat16: 2e-2}
+# Gradients against float64 autograd of the references, from the same rounded inputs: looser than the
+# forward's, since a gradient sums more rounded products. One bound per op family:
+GRAD_TOL = {
+    # flash and block-sparse: P and dS are rounded to the input dtype before their matmuls (as in
+    # FlashAttention); the fused backward's float32 atomics only reorder dQ's float32 sums.
+    "softmax": {torch.float32: 5e-5, torch.float16: 1e-2, torch.bfloat16: 6e-2},
+    # linear, delta, gated delta: 16-bit tensor-core products, those with a state or a score tile in
+    # bfloat16 even for float16 inputs (CHUNKED_TOL below): a gradient sums more rounded products.
+    "chunked": {torch.float32: 5e-5, torch.float16: 2e-2, torch.bfloat16: 5e-2},
+}
 _ERRORS: list[dict] = []
 
 
@@ -98,11 +108,6 @@ def test_softmax_attention_huge_logits(dtype):
     _check("softmax_attention.huge_logits", dtype, o, o_ref, T=64, D=32)
 
 
-# Gradients: P and dS are rounded to the input dtype before their matmuls (as in FlashAttention), so
-# the bounds are looser than the forward's.
-GRAD_TOL = {torch.float32: 5e-5, torch.float16: 1e-2, torch.bfloat16: 6e-2}
-
-
 def _grads_vs_float64(op, fn, ref_fn, tensors, dtype, **shape):
     """Output, lse and (dq, dk, dv) of ``<w_o, o> + <w_lse, lse>`` against the float64 reference."""
     g = torch.Generator().manual_seed(99)
@@ -118,24 +123,48 @@ def _grads_vs_float64(op, fn, ref_fn, tensors, dtype, **shape):
         results.append([o, torch.where(fin, lse, 0), *torch.autograd.grad(loss, xs)])
     for name, a, b in zip(("o", "lse", "dq", "dk", "dv"), *results):
         if b.numel():
-            tol = TOL[dtype] if name == "o" else 1e-5 if name == "lse" else GRAD_TOL[dtype]
+            tol = TOL[dtype] if name == "o" else 1e-5 if name == "lse" else GRAD_TOL["softmax"][dtype]
             _check(f"{op}.{name}", dtype, a, b, tol=tol, **shape)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("deterministic", [True, False], ids=["two-kernel", "fused"])
 @pytest.mark.parametrize("Tq,Tk,D,Dv", [(1, 1, 64, 64), (129, 129, 64, 64), (1000, 1000, 128, 128),
                                         (257, 257, 80, 48), (300, 300, 256, 256), (77, 500, 40, 24)])
-def test_softmax_attention_backward(dtype, causal, Tq, Tk, D, Dv):
+def test_softmax_attention_backward(dtype, causal, deterministic, Tq, Tk, D, Dv):
     if causal and Tq != Tk:
         pytest.skip("causal needs Tq == Tk")
     q, k = _randn(2, 3, Tq, D, dtype=dtype, seed=Tq), _randn(2, 3, Tk, D, dtype=dtype, seed=Tk + 1)
     v = _randn(2, 3, Tk, Dv, dtype=dtype, seed=Tk + 2)
     _grads_vs_float64(
-        "softmax_attention.bwd",
-        lambda q, k, v: attnlib.softmax_attention(q, k, v, causal=causal, return_lse=True, backend="triton"),
+        "softmax_attention.bwd" + ("" if deterministic else ".fused"),
+        lambda q, k, v: attnlib.softmax_attention(q, k, v, causal=causal, return_lse=True, backend="triton",
+                                                  deterministic=deterministic),
         lambda q, k, v: softmax_attention_reference(q, k, v, scale=D ** -0.5, causal=causal),
         (q, k, v), dtype, Tq=Tq, Tk=Tk, D=D, Dv=Dv, causal=causal)
+
+
+@pytest.mark.parametrize("deterministic", [True, False], ids=["two-kernel", "fused"])
+def test_softmax_attention_backward_on_strided_inputs(deterministic):
+    """[B, T, H, D] storage seen as [B, H, T, D] (tensor descriptors on sm_90 take any 16-byte strides) and
+    a head dim whose rows are not 16-byte multiples in fp16 (D = 20: the pointer path everywhere)."""
+    for D in (64, 20):
+        q, k, v = (_randn(2, 333, 3, D, dtype=torch.float16, seed=D + i).transpose(1, 2) for i in range(3))
+        _grads_vs_float64(
+            "softmax_attention.bwd.strided" + ("" if deterministic else ".fused"),
+            lambda q, k, v: attnlib.softmax_attention(q, k, v, causal=True, return_lse=True, backend="triton",
+                                                      deterministic=deterministic),
+            lambda q, k, v: softmax_attention_reference(q, k, v, scale=D ** -0.5, causal=True),
+            (q, k, v), torch.float16, T=333, D=D)
+
+
+def test_softmax_attention_deterministic_backward_repeats_bit_for_bit():
+    q, k, v = (_randn(2, 3, 1000, 64, dtype=torch.bfloat16, seed=i).requires_grad_() for i in range(3))
+    do = _randn(2, 3, 1000, 64, dtype=torch.bfloat16, seed=9)
+    runs = [torch.autograd.grad(attnlib.softmax_attention(q, k, v, causal=True, backend="triton"), (q, k, v), do)
+            for _ in range(3)]
+    assert all(torch.equal(a, b) for run in runs[1:] for a, b in zip(run, runs[0]))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -206,9 +235,8 @@ def test_block_sparse_attention_backward(dtype, T, D, Dv, bs, causal):
 # cores with 16-bit operands; those with a state or a score tile take bfloat16 operands even for float16
 # inputs (kernels/common/precision.py: a state can exceed float16's range), so float16 results carry
 # bfloat16's rounding (2^-9) in those products: the float16 bound is bfloat16-like. Gradients sum more
-# rounded products than the forward: looser bounds.
+# rounded products than the forward: looser bounds (GRAD_TOL["chunked"]).
 CHUNKED_TOL = {torch.float32: 2e-5, torch.float16: 1e-2, torch.bfloat16: 2e-2}
-CHUNKED_GRAD_TOL = {torch.float32: 5e-5, torch.float16: 2e-2, torch.bfloat16: 5e-2}
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -253,7 +281,7 @@ def test_linear_attention_backward(dtype, causal, T, D, Dv, cs):
                                         output_final_state=True, backend=backend)
         grads.append(torch.autograd.grad([o, S], ins, [cast(do), cast(dS)]))
     for name, a, b in zip(("dq", "dk", "dv", "dS0"), *grads):
-        _check(f"linear_attention.grad.{name}", dtype, a, b, tol=CHUNKED_GRAD_TOL[dtype], T=T, D=D, Dv=Dv,
+        _check(f"linear_attention.grad.{name}", dtype, a, b, tol=GRAD_TOL["chunked"][dtype], T=T, D=D, Dv=Dv,
                causal=causal, chunk=cs)
 
 
@@ -304,7 +332,7 @@ def test_delta_rule_backward(dtype, gated, T, D, Dv, cs):
                                   mode="chunk" if backend == "triton" else "recurrent")
         grads.append(torch.autograd.grad([o, S], ins, [cast(do), cast(dS)]))
     for name, a, b in zip(names, *grads):
-        _check(f"delta_rule.grad.{name}", dtype, a, b, tol=CHUNKED_GRAD_TOL[dtype], T=T, D=D, Dv=Dv, gated=gated,
+        _check(f"delta_rule.grad.{name}", dtype, a, b, tol=GRAD_TOL["chunked"][dtype], T=T, D=D, Dv=Dv, gated=gated,
                chunk=cs)
 
 
@@ -316,7 +344,7 @@ def test_delta_rule_backward_when_only_q_requires_grad(dtype):
         qq = cast(q).requires_grad_()
         o = attnlib.delta_rule(qq, cast(k), cast(v), cast(beta), g=cast(g), backend=backend)
         grads.append(torch.autograd.grad(o.float().square().sum(), qq)[0])
-    _check("delta_rule.grad.only_q", dtype, grads[0], grads[1], tol=CHUNKED_GRAD_TOL[dtype], T=200, D=64)
+    _check("delta_rule.grad.only_q", dtype, grads[0], grads[1], tol=GRAD_TOL["chunked"][dtype], T=200, D=64)
 
 
 # ---------------------------------------------------------------------------- edge cases, every op

@@ -1,6 +1,7 @@
 """The chunked backward kernels (and the forward state pass), compiled for an H100 (sm_90) without a GPU
 at the launch configuration the wrappers choose, spill no registers at D = 64 and 128 in bfloat16; nor
-does any autotuning candidate of the flash forward and backward that the pruning hooks keep.
+does any autotuning candidate of the flash forward and backward that the pruning hooks keep, on sm_80,
+sm_89 or sm_90, where each also fits the target's shared memory.
 
 ptxas reports spill stores/loads when a kernel's live tiles need more than 255 registers per thread;
 a spill goes through local memory (L1/L2) on every use. Holding several ``[CHUNK, D]`` float32 tiles
@@ -67,39 +68,77 @@ def test_chunked_kernels_spill_no_registers_up_to_d128_in_bf16():
 
 
 FLASH = ("_flash_fwd_kernel", "_flash_bwd_dkdv_kernel", "_flash_bwd_dq_kernel")
+BLOCK_SPARSE = ("_block_sparse_fwd_kernel", "_block_sparse_bwd_dkdv_kernel", "_block_sparse_bwd_dq_kernel")
+# Shared memory per block (the opt-in maximum) of the GPU each target stands for: A100, L4, H100.
+SHARED_BYTES = {80: 163 * 1024, 89: 99 * 1024, 90: 227 * 1024}
 
 
 def _tile(row):
     flags = dict(f.split("=") for f in row["flags"] if "=" in f)
-    return (row["kernel"], "CAUSAL" in row["flags"], int(flags["BLOCK_M"]), int(flags["BLOCK_N"]), row["num_warps"],
-            row["num_stages"])
+    return (row["kernel"], "ATOMIC_DQ" in row["flags"], "CAUSAL" in row["flags"], int(flags["BLOCK_M"]),
+            int(flags["BLOCK_N"]), row["num_warps"], row["num_stages"])
 
 
-def test_flash_autotune_candidates_spill_no_registers_up_to_d128_in_fp16_and_bf16():
-    """Every configuration the flash autotuners may pick at D = 64 or 128 (what their pruning hooks keep),
-    causal in bf16 and non-causal in fp16, compiles without spills. To stay quick, a candidate kept at
-    both widths is compiled at 128 only (``--widest-only``), and each dtype takes one causality: in the
-    saved report (``benchmarks/results/kernel_resources.json``, every flash row) fp16 and bf16 give the
-    same registers and spills, and no configuration needed fewer registers at 128 than at 64."""
+def _kept(family: str, limit: int) -> set:
+    """What the flash pruning hooks keep on a device of this family and shared memory, at D = 64, 128, 256
+    in half precision, as ``_tile`` keys (both causalities)."""
     import torch
 
+    from attnlib.kernels.common import launch
     from attnlib.kernels.flash import backward as bwd
     from attnlib.kernels.flash import forward as fwd
 
-    quick = ("--widest-only", "--workloads")
-    rows = compiled_resources(FLASH, (64, 128), ("bf16",), (*quick, "flash"),
-                              [(FLASH, (64, 128), ("fp16",), (*quick, "flash non-causal"))])
-    assert {(r["dtype"], "CAUSAL" in r["flags"]) for r in rows} == {("bf16", True), ("fp16", False)}
-    spilled = [(r["kernel"], r["flags"], r["D"], r["dtype"], r["spill_store_bytes"], r["spill_load_bytes"])
-               for r in rows if r["spill_store_bytes"] or r["spill_load_bytes"]]
-    assert not spilled, spilled
-    assert all(0 < r["registers"] <= 255 for r in rows)
     kept = set()
-    for d in (64, 128):
-        args = {"Q": torch.empty(0, dtype=torch.float16), "BLOCK_D": d, "BLOCK_DV": d}
-        for kernel, configs, prune in [("_flash_fwd_kernel", fwd._FWD_CONFIGS, fwd._prune_fwd),
-                                       ("_flash_bwd_dkdv_kernel", bwd._DKDV_CONFIGS, bwd._pruner("kv")),
-                                       ("_flash_bwd_dq_kernel", bwd._DQ_CONFIGS, bwd._pruner("q"))]:
-            kept |= {(kernel, causal, *fwd.config_key(c)) for c in prune(configs, args, BLOCK_D=d, BLOCK_DV=d)
-                     for causal in (False, True)}
-    assert {_tile(r) for r in rows} == kept
+    saved = launch.shared_memory_limit, launch.target_family
+    launch.shared_memory_limit, launch.target_family = (lambda device: limit), (lambda device: family)
+    try:
+        for d in (64, 128, 256):
+            x = torch.empty(0, dtype=torch.float16)
+            args = {"O": x, "DK": x, "DQ": x, "LSE": x, "BLOCK_D": d, "BLOCK_DV": d}
+            for kernel, fused, configs, prune in [
+                    ("_flash_fwd_kernel", False, fwd._FWD_CONFIGS, fwd._prune_fwd),
+                    ("_flash_bwd_dkdv_kernel", False, bwd._DKDV_CONFIGS, bwd._prune_dkdv),
+                    ("_flash_bwd_dkdv_kernel", True, bwd._FUSED_CONFIGS, bwd._prune_fused),
+                    ("_flash_bwd_dq_kernel", False, bwd._DQ_CONFIGS, bwd._prune_dq)]:
+                kept |= {(kernel, fused, causal, *launch.config_key(c)) for c in prune(configs, args)
+                         for causal in (False, True)}
+    finally:
+        launch.shared_memory_limit, launch.target_family = saved
+    return kept
+
+
+def test_flash_autotune_candidates_fit_and_spill_no_registers_on_every_target():
+    """Every configuration the flash autotuners may pick -- what their pruning hooks keep for the device --
+    at D = 64, 128 and 256, both backward forms (two-kernel and fused), compiles without spills and within
+    the shared memory of the target: sm_80 (A100), sm_89 (L4) and sm_90 (H100), on sm_90 both through
+    tensor descriptors (TMA) and through pointers (their fallback); so do the block-sparse kernels at the
+    tiles their wrappers choose for the device (mask blocks of 128). To stay quick, a candidate kept at
+    several widths is compiled at the widest only (``--widest-only``: no configuration needed fewer
+    registers at a narrower head), and each run takes one causality and dtype: bf16 and fp16 give the
+    same registers, causal and non-causal within a few registers and the same spills, in the full
+    measurement (``scripts/kernel_resources.py --every-config --sm 80 89 90``) behind the tables."""
+    from attnlib.kernels.common.launch import SHARED_MEMORY
+
+    quick = ("--widest-only", "--workloads")
+    causal = "flash,flash fused,block-sparse"
+    non_causal = "flash non-causal,flash fused non-causal,block-sparse non-causal"
+    runs = [(80, "bf16", causal, ()), (89, "fp16", non_causal, ()), (90, "bf16", causal, ()),
+            (90, "fp16", non_causal, ("--no-tma",))]
+    procs = [(FLASH + BLOCK_SPARSE, (64, 128, 256), (dt,), (*quick, w, "--sm", str(sm), *x)) for sm, dt, w, x in runs]
+    rows = compiled_resources(*procs[0], more_runs=procs[1:])
+    for sm, dt, _, x in runs:
+        mine = [r for r in rows if r["sm"] == sm and r["dtype"] == dt]
+        causal = dt == "bf16"
+        assert mine and all(("CAUSAL" in r["flags"]) == causal for r in mine)
+        # Descriptors on sm_90 (the backward's up to D = 128), never elsewhere nor in the block-sparse kernels.
+        assert all(r["tma"] == (sm == 90 and not x and r["kernel"] in FLASH and
+                                (r["kernel"] == "_flash_fwd_kernel" or r["D"] <= 128)) for r in mine), sm
+        assert {r["mma"] for r in mine} == ({"wgmma", "mma.sync"} if sm == 90 else {"mma.sync"}), sm
+        family = "sm90" if sm == 90 else "sm80" if sm == 80 else "sm89"
+        limit = SHARED_MEMORY[(sm // 10, sm % 10)]
+        assert limit == SHARED_BYTES[sm]
+        assert {_tile(r) for r in mine if r["kernel"] in FLASH} == {t for t in _kept(family, limit) if t[2] == causal}
+        bad = [(r["kernel"], r["flags"], r["D"], r["spill_store_bytes"], r["shared_bytes"]) for r in mine
+               if r["spill_store_bytes"] or r["spill_load_bytes"] or r["shared_bytes"] > limit]
+        assert not bad, (sm, bad)
+        assert all(0 < r["registers"] <= 255 for r in mine)

@@ -11,7 +11,9 @@ query block; no host synchronisation, so the list width is the full ``nK``):
     indices[h, I, t]    -- the t-th visited key block (t < counts[h, I]); the rest is never read.
 
 Tiling. The mask's block size ``BS`` and the kernel's tiles are decoupled: ``BLOCK_M`` and ``BLOCK_N``
-divide ``BS`` (``BS`` up to 1024 would not fit a GPU tile). The grid is ``(cdiv(Tq, BLOCK_M), B * H)``:
+divide ``BS`` (``BS`` up to 1024 would not fit a GPU tile; every kernel asserts it at compile time,
+:func:`tiles_divide_block`). The tiles are fixed per head width (:func:`tile`) and shrunk where the
+device's shared memory is short (:func:`fit_tiles`: float32 on a 99 KB L4). The grid is ``(cdiv(Tq, BLOCK_M), B * H)``:
 one program owns ``BLOCK_M`` query rows of one (batch, head), all in query block ``I``, keeps its ``q``
 tile in registers and walks *only the visited key blocks of I* (``for t in range(counts[h, I])``,
 then one scalar load of the block index), each in ``BLOCK_N``-key tiles, folding every
@@ -35,9 +37,19 @@ import triton
 import triton.language as tl
 
 from ..._backend import INTERPRET
-from ..common.online_softmax import LOG2E, attend_keys, head_block, softmax_init, store_o_lse
+from ..common import launch
+from ..common.online_softmax import LOG2E, attend_keys, softmax_init, store_o_lse
+from ..common.precision import softmax_precision
 from ..common.tiles import load_tile, program_tile
-from ..flash.forward import check_launchable, precision_for
+from ..flash.forward import fwd_smem
+
+
+@triton.jit
+def tiles_divide_block(BS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The tiling invariant of every block-sparse kernel, checked at compile time: a tile never straddles
+    two blocks of the mask (it would read keys, or serve queries, of a block pair the mask left out)."""
+    tl.static_assert(BS % BLOCK_M == 0, "block-sparse: BLOCK_M must divide the mask's block size")
+    tl.static_assert(BS % BLOCK_N == 0, "block-sparse: BLOCK_N must divide the mask's block size")
 
 
 @triton.jit
@@ -51,6 +63,7 @@ def _block_sparse_fwd_kernel(Q, K, V, O, LSE, COUNTS, INDICES,
                              BS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                              BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
                              CAUSAL: tl.constexpr, PRECISION: tl.constexpr):
+    tiles_divide_block(BS, BLOCK_M, BLOCK_N)
     pid_bh, b, h, start_m, offs_m, offs_n, offs_d, offs_dv = program_tile(H, BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DV)
     q_block = start_m // BS
 
@@ -67,9 +80,10 @@ def _block_sparse_fwd_kernel(Q, K, V, O, LSE, COUNTS, INDICES,
         hi = tl.minimum(block_start + BS, T_K)
         if CAUSAL:
             hi = tl.minimum(hi, start_m + BLOCK_M)                  # keys after every row: nothing to add
-        acc, l_i, m_i = attend_keys(acc, l_i, m_i, q, K_base, V_base, block_start, hi, offs_m, offs_n, offs_d,
+        acc, l_i, m_i = attend_keys(acc, l_i, m_i, q, K_base, V_base, b, h, block_start, hi, offs_m, offs_n, offs_d,
                                     offs_dv, stride_kt, stride_kd, stride_vt, stride_vd, T_K, D, DV, qk_scale,
-                                    BLOCK_N=BLOCK_N, MASK_T=True, CAUSAL=CAUSAL, EVEN_D=False, PRECISION=PRECISION)
+                                    BLOCK_N=BLOCK_N, MASK_T=True, CAUSAL=CAUSAL, EVEN_D=False, PRECISION=PRECISION,
+                                    TMA=False)
     # Empty rows: acc = 0, so o = 0, and lse = -inf. LSE: contiguous [B, H, Tq].
     store_o_lse(O + b * stride_ob + h * stride_oh, LSE + pid_bh * T_Q, acc, l_i, m_i, offs_m, offs_dv,
                 stride_ot, stride_od, T_Q, DV)
@@ -103,6 +117,26 @@ def tile(block_size: int, gpu_tile: int, head_dim: int) -> int:
     return min(block_size, gpu_tile if head_dim <= 128 else gpu_tile // 2)
 
 
+STAGES = 2          # software-pipelining stages of every block-sparse launch
+
+
+def fit_tiles(bm: int, bn: int, smem, args: dict, device: torch.device) -> tuple[int, int]:
+    """``(BLOCK_M, BLOCK_N)`` from ``(bm, bn)``, the wider halved (never below 16, so both still divide the
+    mask's block) until the kernel's shared memory fits ``device``. ``smem(cfg, args)``: the flash
+    kernel's estimate for the same tile loop (``flash.forward.fwd_smem``, ``flash.backward.bwd_smem``).
+    Half precision keeps the tiles of :func:`tile` on every target (compiled for sm_80, sm_89, sm_90 at
+    D = 64, 128, 256: at most 98 KB, no spill); float32 doubles every tile, and 128 x 64 at D = 128
+    took 164 KB on sm_89, which offers 99."""
+    limit = launch.shared_memory_limit(device)
+    while max(bm, bn) > launch.MIN_DOT and smem(triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_stages=STAGES),
+                                                 args) > limit:
+        if bm >= bn:
+            bm //= 2
+        else:
+            bn //= 2
+    return bm, bn
+
+
 def block_sparse_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                                    block_mask: torch.Tensor, *, block_size: int, scale: float,
                                    causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -114,7 +148,7 @@ def block_sparse_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Te
     """
     B, H, T_Q, D = q.shape
     T_K, DV = k.shape[2], v.shape[3]
-    check_launchable(q, D, DV)
+    launch.require_launchable(q, D, DV)
     check_block_size(block_size)
     if DV == 0:
         o, lse = block_sparse_attention_forward(q, k, v.new_zeros(1).expand(B, H, T_K, 1), block_mask,
@@ -126,18 +160,19 @@ def block_sparse_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Te
         return o, lse
     counts, indices = visit_lists(block_mask)
     width = max(D, DV)
-    BLOCK_M, BLOCK_N = tile(block_size, 128, width), tile(block_size, 64, width)
+    tiles = dict(O=o, BLOCK_D=launch.head_block(D), BLOCK_DV=launch.head_block(DV))
+    BLOCK_M, BLOCK_N = fit_tiles(tile(block_size, 128, width), tile(block_size, 64, width), fwd_smem, tiles, q.device)
     grid = (triton.cdiv(T_Q, BLOCK_M), B * H)
     _block_sparse_fwd_kernel[grid](
         q, k, v, o, lse, counts, indices,
         *q.stride(), *k.stride(), *v.stride(), *o.stride(),
         *counts.stride(), *indices.stride(),
         H, T_Q, T_K, D, DV, scale * LOG2E.value,
-        BS=block_size, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_D=head_block(D), BLOCK_DV=head_block(DV),
-        CAUSAL=causal, PRECISION=precision_for(q.dtype),
-        num_warps=4 if BLOCK_M <= 64 else 8, num_stages=2,
+        BS=block_size, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_D=tiles["BLOCK_D"], BLOCK_DV=tiles["BLOCK_DV"],
+        CAUSAL=causal, PRECISION=softmax_precision(q.dtype),
+        num_warps=4 if BLOCK_M <= 64 else 8, num_stages=STAGES,
     )
     return o, lse
 
 
-__all__ = ["block_sparse_attention_forward", "tile", "visit_lists"]
+__all__ = ["block_sparse_attention_forward", "fit_tiles", "tile", "visit_lists"]

@@ -29,6 +29,9 @@ from ..._backend import INTERPRET
 
 MAX_HEAD_DIM = 256          # one tile holds a whole head row: beyond 256 the registers spill
 MIN_DOT = 16                # tl.dot needs every tile side >= 16
+# Shared memory a kernel's estimate adds to its tiles for Triton's own use: compiled for sm_80, sm_89 and
+# sm_90, the softmax kernels took at most 1 KB beyond their tiles (sm_90's TMA pipeline barriers).
+SMEM_MARGIN = 2 * 1024
 
 # Shared memory per block (the opt-in maximum), by compute capability, for the GPUs a reader meets;
 # a real device is asked (:func:`shared_memory_limit`), this table serves the static report.
@@ -111,12 +114,74 @@ def pruner(smem: Callable[[triton.Config, dict], int], spills: dict, width: Call
     return prune
 
 
-def autotuned(kernel, configs, key, prune):
+# ---- tensor-descriptor (TMA) loads ----
+
+def _tensor_descriptor_type():
+    try:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+    except ImportError:                     # a Triton without host-side tensor descriptors
+        return None
+    return TensorDescriptor
+
+
+TensorDescriptor = _tensor_descriptor_type()
+
+
+def tma_device(device: torch.device) -> bool:
+    """Whether kernels on ``device`` may read their tiles through tensor descriptors (the copy engine,
+    TMA): an sm_90 GPU -- the one target their descriptor path is compiled and checked for -- and a
+    Triton with host-side descriptors (``triton.tools.tensor_descriptor``). Never under the interpreter,
+    and on sm_80/sm_89 (no TMA) the pointer path."""
+    cap = capability(device)
+    return TensorDescriptor is not None and not INTERPRET and cap is not None and cap[0] == 9
+
+
+def tma_compatible(*tensors: torch.Tensor) -> bool:
+    """Whether TMA can address every tensor: a contiguous last dim, every other stride a non-zero
+    multiple of 16 bytes (size-1 dims included), a 16-byte-aligned base address, no empty dim."""
+    for x in tensors:
+        if x.numel() == 0 or x.stride(-1) != 1:
+            return False
+        if any(s == 0 or (s * x.element_size()) % 16 for s in x.stride()[:-1]):
+            return False
+        # A fake tensor (the compile-time resource report) has no address; a fresh allocation is aligned.
+        if type(x).__name__ not in ("FakeTensor", "FunctionalTensor") and x.data_ptr() % 16:
+            return False
+    return True
+
+
+def head_descriptors(use_tma: bool, *tensors: torch.Tensor) -> tuple:
+    """The kernel arguments for ``[B, H, T, X]`` tensors: with ``use_tma`` a host-side tensor descriptor of
+    each (all four dims, so any such strides; the box is set per configuration by
+    :func:`descriptor_blocks`), otherwise the tensors themselves (the pointer path)."""
+    if not use_tma:
+        return tensors
+    return tuple(TensorDescriptor(x, list(x.shape), list(x.stride()), [1, 1, MIN_DOT, head_block(x.shape[-1])])
+                 for x in tensors)
+
+
+def descriptor_blocks(blocks: dict[str, tuple[str, str]]) -> Callable[[dict], None]:
+    """A ``triton.Config`` pre-hook: set the box of each argument passed as a tensor descriptor to
+    ``[1, 1, nargs[rows], nargs[cols]]`` for ``name -> (rows, cols)`` in ``blocks``. A host-side
+    descriptor carries its box, but the autotuner picks the tiles, so the box is set before each launch
+    it makes (as Triton's own attention tutorial does). Arguments passed as pointers are left alone."""
+
+    def hook(nargs: dict) -> None:
+        for name, (rows, cols) in blocks.items():
+            arg = nargs[name]
+            if TensorDescriptor is not None and isinstance(arg, TensorDescriptor):
+                arg.block_shape = [1, 1, nargs[rows], nargs[cols]]
+
+    return hook
+
+
+def autotuned(kernel, configs, key, prune, **options):
     """``triton.autotune`` on a GPU; under the interpreter the kernel itself (the launch passes one fixed
-    configuration: autotuning would time numpy)."""
+    configuration: autotuning would time numpy). ``options``: more ``triton.autotune`` arguments, e.g.
+    ``reset_to_zero`` for a kernel that accumulates into an output (each timed run must start from 0)."""
     if INTERPRET:
         return kernel
-    return triton.autotune(configs, key=key, prune_configs_by={"early_config_prune": prune})(kernel)
+    return triton.autotune(configs, key=key, prune_configs_by={"early_config_prune": prune}, **options)(kernel)
 
 
 def interpret_config(configs, **fixed) -> dict:
@@ -142,6 +207,7 @@ def check_chunk(chunk_size: int) -> None:
         raise ValueError(f"chunk_size must be one of {KERNEL_CHUNKS} for the kernel; got {chunk_size}")
 
 
-__all__ = ["KERNEL_CHUNKS", "MAX_HEAD_DIM", "MIN_DOT", "SHARED_MEMORY", "autotuned", "capability", "check_chunk",
-           "config_key", "family", "head_block", "interpret_config", "num_chunks", "pruner", "require_launchable",
-           "shared_memory_limit", "sm_count", "target_family"]
+__all__ = ["KERNEL_CHUNKS", "MAX_HEAD_DIM", "MIN_DOT", "SHARED_MEMORY", "SMEM_MARGIN", "TensorDescriptor", "autotuned",
+           "capability", "check_chunk", "config_key", "descriptor_blocks", "family", "head_block", "head_descriptors",
+           "interpret_config", "num_chunks", "pruner", "require_launchable", "shared_memory_limit", "sm_count",
+           "target_family", "tma_compatible", "tma_device"]

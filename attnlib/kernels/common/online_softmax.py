@@ -12,9 +12,14 @@ and the ``exp2(s - m)``-weighted values -- rescaling the old sums by ``exp2(m_ol
 dense kernel's two stages and by every visited block of the block-sparse kernel; :func:`softmax_init`
 and :func:`store_o_lse` (``o = acc / l``, ``lse``) open and close it.
 
-Loads: :func:`load_key_tile` and :func:`load_rows` build their pointer tiles from a scalar base on every
-call (never a live tile of 64-bit pointers across a loop: that spilled registers on sm_90). The tiles a
-program loads once and keeps go through ``tiles.load_tile`` / ``tiles.store_tile``.
+Loads: every q, k, v, dO tile goes through :func:`load_rows` (``load_key_tile``: a key tile, k
+transposed), from a base made by :func:`head_base`. Two paths, chosen by the constexpr ``TMA`` in one
+kernel body: a pointer tile built from a scalar base on every call (never a live tile of 64-bit
+pointers across a loop: that spilled registers on sm_90), bounds masked; or, when the wrapper passes
+host-side tensor descriptors of the whole ``[B, H, T, X]`` tensors (sm_90, ``launch.tma_device``), one
+descriptor load of the box at ``(b, h, start, 0)`` -- the copy engine (TMA) zero-fills past ``T`` and
+``X``, so no mask. The block-sparse kernels take the pointer path. Results are stored with pointers
+(``tiles.store_tile``).
 
 Backward (FlashAttention-2): with ``P`` recomputed from the LSE, ``dP = dO V^T`` and
 ``delta_i = rowsum(dO * O)_i - dlse_i`` (precomputed once per row),
@@ -26,9 +31,10 @@ Backward (FlashAttention-2): with ``P`` recomputed from the LSE, ``dP = dO V^T``
 :func:`dq_tile` does one (query tile, key tile) step of the dQ program; :func:`dkdv_over_queries` and
 :func:`dq_over_keys` loop them over a range of tiles (the dense and the block-sparse kernels differ only
 in which ranges they walk); :func:`dkdv_program_init` and :func:`dq_program_init` load what each program
-keeps. Masked-out pairs get the score ``-inf`` before the ``exp2``, hence ``P = 0``; rows outside the
-sequence or with an empty visited set -- for which the wrappers pass ``lse = +inf`` -- get
-``exp2(s - inf) = 0`` and contribute nothing.
+keeps. The flash backward's fused form runs the dK/dV loop with ``ATOMIC_DQ``: each step also adds
+``scale * dS K`` to a float32 dQ buffer (:func:`add_dq`, ``tl.atomic_add``). Masked-out pairs get the
+score ``-inf`` before the ``exp2``, hence ``P = 0``; rows outside the sequence or with an empty visited
+set -- for which the wrappers pass ``lse = +inf`` -- get ``exp2(s - inf) = 0`` and contribute nothing.
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .launch import head_block
 from .tiles import load_tile, split_bh, store_tile
 
 # constexpr, so that compiled kernels may read them (a plain global float is refused by Triton's
@@ -46,43 +53,66 @@ LN2 = tl.constexpr(0.6931471805599453)     # ln(2):   log(x) = log2(x) * LN2
 
 
 @triton.jit
-def load_key_tile(K_base, V_base, start_n, offs_n, offs_d, offs_dv, stride_kt, stride_kd, stride_vt, stride_vd,
-                   T_K, D, DV, MASK_T: tl.constexpr, EVEN_D: tl.constexpr):
-    """k transposed ``[BLOCK_D, BLOCK_N]`` and v ``[BLOCK_N, BLOCK_DV]`` for keys ``start_n + offs_n``.
-
-    The pointer tiles are rebuilt here, from the scalar base and the 1-D offsets, on every call: a tile of
-    64-bit pointers kept live across the key loop costs two registers per element and made the
-    compiled flash forward spill (measured with ptxas for sm_90: 255 registers and spills at D = 128)."""
-    offs_kn = start_n + offs_n
-    k_ptrs = K_base + offs_kn[None, :] * stride_kt + offs_d[:, None] * stride_kd
-    v_ptrs = V_base + offs_kn[:, None] * stride_vt + offs_dv[None, :] * stride_vd
-    if MASK_T:
-        k = tl.load(k_ptrs, mask=(offs_kn[None, :] < T_K) & (offs_d[:, None] < D), other=0.0)
-        v = tl.load(v_ptrs, mask=(offs_kn[:, None] < T_K) & (offs_dv[None, :] < DV), other=0.0)
-    elif EVEN_D:
-        k = tl.load(k_ptrs)
-        v = tl.load(v_ptrs)
-    else:
-        k = tl.load(k_ptrs, mask=offs_d[:, None] < D, other=0.0)
-        v = tl.load(v_ptrs, mask=offs_dv[None, :] < DV, other=0.0)
-    return k, v
+def head_base(X, b, h, stride_b, stride_h, TMA: tl.constexpr):
+    """Where a program finds head ``(b, h)`` of ``X``: a pointer to its row 0, or with ``TMA`` the
+    tensor descriptor of all of ``X`` (indexed ``[b, h, t, d]`` at each load, so it stays as it is)."""
+    base = X
+    if not TMA:
+        base = X + b * stride_b + h * stride_h
+    return base
 
 
 @triton.jit
-def load_rows(base, start, offs_t, offs_c, stride_t, stride_c, T, C, MASK_T: tl.constexpr, EVEN_C: tl.constexpr):
+def load_rows(base, b, h, start, offs_t, offs_c, stride_t, stride_c, T, C, MASK_T: tl.constexpr,
+              EVEN_C: tl.constexpr, TMA: tl.constexpr):
     """A ``[BLOCK, BLOCK_C]`` tile of rows ``start + offs_t`` (zeros past ``T`` and past ``C`` columns).
 
-    The pointer tile is rebuilt from the scalar base on every call rather than kept live across the
-    loop (a tile of 64-bit pointers costs two registers per element: see :func:`load_key_tile`)."""
-    rows = start + offs_t
-    ptrs = base + rows[:, None] * stride_t + offs_c[None, :] * stride_c
-    if MASK_T:
-        x = tl.load(ptrs, mask=(rows[:, None] < T) & (offs_c[None, :] < C), other=0.0)
-    elif EVEN_C:
-        x = tl.load(ptrs)
+    With ``TMA`` one tensor-descriptor load of the ``[1, 1, BLOCK, BLOCK_C]`` box at ``(b, h, start, 0)``:
+    the copy engine fills what lies past the tensor's ``T`` rows and ``C`` columns with zeros, so no
+    mask is needed. Otherwise the pointer tile is rebuilt from the scalar base on every call rather
+    than kept live across the loop (a tile of 64-bit pointers costs two registers per element and made
+    the compiled flash forward spill: 255 registers at D = 128 on sm_90)."""
+    if TMA:
+        x = base.load([b, h, start, 0]).reshape(offs_t.shape[0], offs_c.shape[0])
     else:
-        x = tl.load(ptrs, mask=offs_c[None, :] < C, other=0.0)
+        rows = start + offs_t
+        ptrs = base + rows[:, None] * stride_t + offs_c[None, :] * stride_c
+        if MASK_T:
+            x = tl.load(ptrs, mask=(rows[:, None] < T) & (offs_c[None, :] < C), other=0.0)
+        elif EVEN_C:
+            x = tl.load(ptrs)
+        else:
+            x = tl.load(ptrs, mask=offs_c[None, :] < C, other=0.0)
     return x
+
+
+@triton.jit
+def load_key_tile(K_base, V_base, b, h, start_n, offs_n, offs_d, offs_dv, stride_kt, stride_kd, stride_vt,
+                  stride_vd, T_K, D, DV, MASK_T: tl.constexpr, EVEN_D: tl.constexpr, TMA: tl.constexpr):
+    """k transposed ``[BLOCK_D, BLOCK_N]`` and v ``[BLOCK_N, BLOCK_DV]`` for keys ``start_n + offs_n``.
+
+    The pointer path reads k already transposed (its pointer tile is built that way, so ``q @ k`` needs
+    no transpose); a descriptor reads rows, so with ``TMA`` k is loaded ``[BLOCK_N, BLOCK_D]`` and
+    transposed -- in shared memory, which is where the sm_90 product reads it from anyway."""
+    if TMA:
+        k = tl.trans(load_rows(K_base, b, h, start_n, offs_n, offs_d, stride_kt, stride_kd, T_K, D, MASK_T=MASK_T,
+                               EVEN_C=EVEN_D, TMA=True))
+        v = load_rows(V_base, b, h, start_n, offs_n, offs_dv, stride_vt, stride_vd, T_K, DV, MASK_T=MASK_T,
+                      EVEN_C=EVEN_D, TMA=True)
+    else:
+        offs_kn = start_n + offs_n
+        k_ptrs = K_base + offs_kn[None, :] * stride_kt + offs_d[:, None] * stride_kd
+        v_ptrs = V_base + offs_kn[:, None] * stride_vt + offs_dv[None, :] * stride_vd
+        if MASK_T:
+            k = tl.load(k_ptrs, mask=(offs_kn[None, :] < T_K) & (offs_d[:, None] < D), other=0.0)
+            v = tl.load(v_ptrs, mask=(offs_kn[:, None] < T_K) & (offs_dv[None, :] < DV), other=0.0)
+        elif EVEN_D:
+            k = tl.load(k_ptrs)
+            v = tl.load(v_ptrs)
+        else:
+            k = tl.load(k_ptrs, mask=offs_d[:, None] < D, other=0.0)
+            v = tl.load(v_ptrs, mask=offs_dv[None, :] < DV, other=0.0)
+    return k, v
 
 
 @triton.jit
@@ -127,17 +157,18 @@ def online_softmax_update(acc, l_i, m_i, s, v, MAY_BE_EMPTY: tl.constexpr, PRECI
 
 
 @triton.jit
-def attend_keys(acc, l_i, m_i, q, K_base, V_base, lo, hi, offs_m, offs_n, offs_d, offs_dv,
+def attend_keys(acc, l_i, m_i, q, K_base, V_base, b, h, lo, hi, offs_m, offs_n, offs_d, offs_dv,
                 stride_kt, stride_kd, stride_vt, stride_vd, T_K, D, DV, qk_scale,
                 BLOCK_N: tl.constexpr, MASK_T: tl.constexpr, CAUSAL: tl.constexpr, EVEN_D: tl.constexpr,
-                PRECISION: tl.constexpr):
+                PRECISION: tl.constexpr, TMA: tl.constexpr):
     """Fold the keys ``[lo, hi)``, in ``BLOCK_N`` tiles, into the running ``(acc, l_i, m_i)`` of the query
     tile ``q [BLOCK_M, BLOCK_D]`` (rows ``offs_m``). ``MASK_T``: bounds-check the keys against ``T_K``
     and, with ``CAUSAL``, mask the keys after each row (scores ``-inf``); without it the loop has no
-    ``where`` and no empty-row guard (every row sees every key of these tiles)."""
+    ``where`` and no empty-row guard (every row sees every key of these tiles). ``K_base``, ``V_base``:
+    from :func:`head_base` (``TMA``: descriptors)."""
     for start_n in range(lo, hi, BLOCK_N):
-        k, v = load_key_tile(K_base, V_base, start_n, offs_n, offs_d, offs_dv, stride_kt, stride_kd, stride_vt,
-                             stride_vd, T_K, D, DV, MASK_T=MASK_T, EVEN_D=EVEN_D)
+        k, v = load_key_tile(K_base, V_base, b, h, start_n, offs_n, offs_d, offs_dv, stride_kt, stride_kd,
+                             stride_vt, stride_vd, T_K, D, DV, MASK_T=MASK_T, EVEN_D=EVEN_D, TMA=TMA)
         s = tl.dot(q, k, input_precision=PRECISION) * qk_scale                # base-2 logits
         if MASK_T:
             offs_kn = start_n + offs_n
@@ -166,7 +197,9 @@ def dkdv_tile(dk, dv, k, v, q, do, lse2, delta, offs_m, offs_n, qk_scale,
     """One step of the dK/dV program: key tile ``k [BLOCK_N, BLOCK_D]``, ``v [BLOCK_N, BLOCK_DV]``
     against query tile ``q [BLOCK_M, BLOCK_D]``, ``do [BLOCK_M, BLOCK_DV]`` with its base-2 LSE and delta
     ``[BLOCK_M]``. Accumulates into ``dk [BLOCK_N, BLOCK_D]``, ``dv [BLOCK_N, BLOCK_DV]`` (fp32; dk still
-    lacks the final ``* scale``). ``MASK_CAUSAL`` zeroes the pairs with key after query."""
+    lacks the final ``* scale``) and returns ``dS^T [BLOCK_N, BLOCK_M]`` too (the fused backward's dQ
+    term; the two-kernel form ignores it and the compiler drops it). ``MASK_CAUSAL`` zeroes the pairs
+    with key after query."""
     sT = tl.dot(k, tl.trans(q), input_precision=PRECISION) * qk_scale          # [BLOCK_N, BLOCK_M]
     if MASK_CAUSAL:     # mask before the exp2: a masked score may exceed the row's lse (exp2 -> inf)
         sT = tl.where(offs_n[:, None] <= offs_m[None, :], sT, float("-inf"))
@@ -175,7 +208,7 @@ def dkdv_tile(dk, dv, k, v, q, do, lse2, delta, offs_m, offs_n, qk_scale,
     dpT = tl.dot(v, tl.trans(do), input_precision=PRECISION)                   # [BLOCK_N, BLOCK_M]
     dsT = pT * (dpT - delta[None, :])
     dk += tl.dot(dsT.to(q.dtype), q, input_precision=PRECISION)
-    return dk, dv
+    return dk, dv, dsT
 
 
 @triton.jit
@@ -194,53 +227,79 @@ def dq_tile(dq, q, do, lse2, delta, k, v, offs_m, offs_n, qk_scale,
 
 
 @triton.jit
-def dkdv_program_init(K_base, V_base, offs_n, offs_d, offs_dv, stride_kt, stride_kd, stride_vt, stride_vd, T_K, D, DV):
-    """What the dK/dV program keeps for its keys ``offs_n``: ``(k, v, dk, dv)``, the last two zeroed fp32
-    accumulators of k's and v's shapes."""
-    k = load_tile(K_base, offs_n, offs_d, stride_kt, stride_kd, T_K, D)
-    v = load_tile(V_base, offs_n, offs_dv, stride_vt, stride_vd, T_K, DV)
+def dkdv_program_init(K_base, V_base, b, h, start_n, offs_n, offs_d, offs_dv, stride_kt, stride_kd, stride_vt,
+                      stride_vd, T_K, D, DV, TMA: tl.constexpr):
+    """What the dK/dV program keeps for its keys ``offs_n`` (``start_n + arange``): ``(k, v, dk, dv)``,
+    the last two zeroed fp32 accumulators of k's and v's shapes."""
+    k = load_rows(K_base, b, h, start_n, offs_n - start_n, offs_d, stride_kt, stride_kd, T_K, D, MASK_T=True,
+                  EVEN_C=False, TMA=TMA)
+    v = load_rows(V_base, b, h, start_n, offs_n - start_n, offs_dv, stride_vt, stride_vd, T_K, DV, MASK_T=True,
+                  EVEN_C=False, TMA=TMA)
     return k, v, tl.zeros(k.shape, dtype=tl.float32), tl.zeros(v.shape, dtype=tl.float32)
 
 
 @triton.jit
-def dq_program_init(Q_base, DO_base, lse_ptr, delta_ptr, offs_m, offs_d, offs_dv, stride_qt, stride_qd,
-                    stride_dot, stride_dod, T_Q, D, DV):
-    """What the dQ program keeps for its rows ``offs_m``: ``(q, dO, lse2, delta, dq)`` -- the tiles, their
-    base-2 LSE and delta, and the zeroed fp32 accumulator of q's shape."""
-    q = load_tile(Q_base, offs_m, offs_d, stride_qt, stride_qd, T_Q, D)
-    do = load_tile(DO_base, offs_m, offs_dv, stride_dot, stride_dod, T_Q, DV)
+def dq_program_init(Q_base, DO_base, b, h, lse_ptr, delta_ptr, start_m, offs_m, offs_d, offs_dv, stride_qt,
+                    stride_qd, stride_dot, stride_dod, T_Q, D, DV, TMA: tl.constexpr):
+    """What the dQ program keeps for its rows ``offs_m`` (``start_m + arange``): ``(q, dO, lse2, delta,
+    dq)`` -- the tiles, their base-2 LSE and delta, and the zeroed fp32 accumulator of q's shape."""
+    q = load_rows(Q_base, b, h, start_m, offs_m - start_m, offs_d, stride_qt, stride_qd, T_Q, D, MASK_T=True,
+                  EVEN_C=False, TMA=TMA)
+    do = load_rows(DO_base, b, h, start_m, offs_m - start_m, offs_dv, stride_dot, stride_dod, T_Q, DV, MASK_T=True,
+                   EVEN_C=False, TMA=TMA)
     lse2, delta = load_row_stats(lse_ptr, delta_ptr, offs_m, T_Q, MASK_T=True)
     return q, do, lse2, delta, tl.zeros(q.shape, dtype=tl.float32)
 
 
 @triton.jit
-def dkdv_over_queries(dk, dv, k, v, Q_base, DO_base, lse_ptr, delta_ptr, lo, hi, offs_n, offs_mb, offs_d,
-                      offs_dv, stride_qt, stride_qd, stride_dot, stride_dod, T_Q, D, DV, qk_scale,
+def add_dq(DQ_base, dq, offs_m, offs_d, stride_dqt, stride_dqd, T_Q, D, MASK_T: tl.constexpr, EVEN_D: tl.constexpr):
+    """``DQ[offs_m, offs_d] += dq`` with float32 atomics (the fused backward: several key programs add to
+    the same rows, in an order that varies from run to run)."""
+    ptrs = DQ_base + offs_m[:, None] * stride_dqt + offs_d[None, :] * stride_dqd
+    if MASK_T:
+        tl.atomic_add(ptrs, dq, mask=(offs_m[:, None] < T_Q) & (offs_d[None, :] < D), sem="relaxed")
+    elif EVEN_D:
+        tl.atomic_add(ptrs, dq, sem="relaxed")
+    else:
+        tl.atomic_add(ptrs, dq, mask=offs_d[None, :] < D, sem="relaxed")
+
+
+@triton.jit
+def dkdv_over_queries(dk, dv, k, v, Q_base, DO_base, b, h, lse_ptr, delta_ptr, DQ_base, lo, hi, offs_n, offs_mb,
+                      offs_d, offs_dv, stride_qt, stride_qd, stride_dot, stride_dod, stride_dqt, stride_dqd,
+                      T_Q, D, DV, qk_scale, sm_scale,
                       BLOCK_M: tl.constexpr, MASK_T: tl.constexpr, MASK_CAUSAL: tl.constexpr,
-                      EVEN_D: tl.constexpr, PRECISION: tl.constexpr):
+                      EVEN_D: tl.constexpr, PRECISION: tl.constexpr, TMA: tl.constexpr, ATOMIC_DQ: tl.constexpr):
     """:func:`dkdv_tile` over the query tiles ``[lo, hi)`` (``BLOCK_M`` rows each), loading ``q``, ``dO``
-    and the row statistics of each; ``MASK_T`` bounds-checks the rows against ``T_Q``."""
+    and the row statistics of each; ``MASK_T`` bounds-checks the rows against ``T_Q``. With
+    ``ATOMIC_DQ`` (the fused backward) each step also adds its ``scale * dS K`` to the float32 rows of
+    ``DQ_base`` (:func:`add_dq`); otherwise ``DQ_base`` is unused (None)."""
     for start_m in range(lo, hi, BLOCK_M):
         offs_m = start_m + offs_mb
-        q = load_rows(Q_base, start_m, offs_mb, offs_d, stride_qt, stride_qd, T_Q, D, MASK_T=MASK_T, EVEN_C=EVEN_D)
-        do = load_rows(DO_base, start_m, offs_mb, offs_dv, stride_dot, stride_dod, T_Q, DV, MASK_T=MASK_T,
-                       EVEN_C=EVEN_D)
+        q = load_rows(Q_base, b, h, start_m, offs_mb, offs_d, stride_qt, stride_qd, T_Q, D, MASK_T=MASK_T,
+                      EVEN_C=EVEN_D, TMA=TMA)
+        do = load_rows(DO_base, b, h, start_m, offs_mb, offs_dv, stride_dot, stride_dod, T_Q, DV, MASK_T=MASK_T,
+                       EVEN_C=EVEN_D, TMA=TMA)
         lse2, delta = load_row_stats(lse_ptr, delta_ptr, offs_m, T_Q, MASK_T=MASK_T)
-        dk, dv = dkdv_tile(dk, dv, k, v, q, do, lse2, delta, offs_m, offs_n, qk_scale,
-                           MASK_CAUSAL=MASK_CAUSAL, PRECISION=PRECISION)
+        dk, dv, dsT = dkdv_tile(dk, dv, k, v, q, do, lse2, delta, offs_m, offs_n, qk_scale,
+                                MASK_CAUSAL=MASK_CAUSAL, PRECISION=PRECISION)
+        if ATOMIC_DQ:
+            dq = tl.dot(tl.trans(dsT.to(k.dtype)), k, input_precision=PRECISION) * sm_scale   # [BLOCK_M, BLOCK_D]
+            add_dq(DQ_base, dq, offs_m, offs_d, stride_dqt, stride_dqd, T_Q, D, MASK_T=MASK_T, EVEN_D=EVEN_D)
     return dk, dv
 
 
 @triton.jit
-def dq_over_keys(dq, q, do, lse2, delta, K_base, V_base, lo, hi, offs_m, offs_nb, offs_d, offs_dv,
+def dq_over_keys(dq, q, do, lse2, delta, K_base, V_base, b, h, lo, hi, offs_m, offs_nb, offs_d, offs_dv,
                  stride_kt, stride_kd, stride_vt, stride_vd, T_K, D, DV, qk_scale,
                  BLOCK_N: tl.constexpr, MASK_T: tl.constexpr, MASK_CAUSAL: tl.constexpr,
-                 EVEN_D: tl.constexpr, PRECISION: tl.constexpr):
+                 EVEN_D: tl.constexpr, PRECISION: tl.constexpr, TMA: tl.constexpr):
     """:func:`dq_tile` over the key tiles ``[lo, hi)`` (``BLOCK_N`` keys each)."""
     for start_n in range(lo, hi, BLOCK_N):
-        k = load_rows(K_base, start_n, offs_nb, offs_d, stride_kt, stride_kd, T_K, D, MASK_T=MASK_T, EVEN_C=EVEN_D)
-        v = load_rows(V_base, start_n, offs_nb, offs_dv, stride_vt, stride_vd, T_K, DV, MASK_T=MASK_T,
-                      EVEN_C=EVEN_D)
+        k = load_rows(K_base, b, h, start_n, offs_nb, offs_d, stride_kt, stride_kd, T_K, D, MASK_T=MASK_T,
+                      EVEN_C=EVEN_D, TMA=TMA)
+        v = load_rows(V_base, b, h, start_n, offs_nb, offs_dv, stride_vt, stride_vd, T_K, DV, MASK_T=MASK_T,
+                      EVEN_C=EVEN_D, TMA=TMA)
         # Keys past T_K load as zero rows of k: whatever their P, they add dS * 0 to dq.
         dq = dq_tile(dq, q, do, lse2, delta, k, v, offs_m, start_n + offs_nb, qk_scale,
                      MASK_CAUSAL=MASK_CAUSAL, PRECISION=PRECISION)
@@ -267,11 +326,6 @@ def softmax_bwd_preprocess_kernel(O, DO, DLSE, DELTA,
     tl.store(DELTA + row, tl.sum(o * do, 1) - dlse, mask=offs_m < T_Q)
 
 
-def head_block(d: int) -> int:
-    """The padded tile width of a head dim: a power of two, at least 16 (``tl.dot``'s minimum)."""
-    return max(16, triton.next_power_of_2(d))
-
-
 def backward_delta(o, do, dlse):
     """``delta = rowsum(dO * O) - dlse`` as a contiguous fp32 ``[B, H, Tq]`` (one small kernel).
 
@@ -294,6 +348,6 @@ def backward_delta(o, do, dlse):
     return delta
 
 
-__all__ = ["LN2", "LOG2E", "attend_keys", "backward_delta", "dkdv_over_queries", "dkdv_program_init", "dkdv_tile",
-           "dq_over_keys", "dq_program_init", "dq_tile", "head_block", "load_key_tile", "load_row_stats", "load_rows",
-           "online_softmax_update", "softmax_bwd_preprocess_kernel", "softmax_init", "store_o_lse"]
+__all__ = ["LN2", "LOG2E", "add_dq", "attend_keys", "backward_delta", "dkdv_over_queries", "dkdv_program_init",
+           "dkdv_tile", "dq_over_keys", "dq_program_init", "dq_tile", "head_base", "load_key_tile", "load_row_stats",
+           "load_rows", "online_softmax_update", "softmax_bwd_preprocess_kernel", "softmax_init", "store_o_lse"]

@@ -20,18 +20,31 @@ tutorial's split; the causal diagonal is its own stage):
     (non-causal: all full tiles; causal: the tiles strictly left of the diagonal block) -- no
     ``where``, no bounds checks, no empty-row guard;
   * masked tiles: the ragged tail ``Tk % BLOCK_N`` and, when causal, the diagonal block.
-Causal masking is top-left aligned with ``Tq == Tk`` (query i sees keys j <= i), as in SDPA; it needs
-``BLOCK_M`` to be a multiple of ``BLOCK_N`` so that the diagonal stage starts on a key-tile boundary.
+Causal masking is top-left aligned with ``Tq == Tk`` (query i sees keys j <= i), as in SDPA. The
+diagonal stage starts at the program's first row, which is a key-tile boundary only if ``BLOCK_N``
+divides ``BLOCK_M``: the kernel asserts it at compile time (``tl.static_assert``).
 
 Scores are scaled by ``scale * log2(e)`` (folded into one multiply) so that ``exp2`` (one instruction)
 replaces ``exp``. Head dims that are not powers of two are padded to ``BLOCK_D`` with masked loads.
 
-Tiles on a GPU are autotuned (``triton.autotune``, keyed on the head dims, causality, and the
-power-of-two bucket of the length so that a new length does not re-tune), among configurations
-pruned to fit in shared memory -- which is what keeps D = 256 launching -- and, in half precision, to
-spill no registers at the head width of the call (``_FWD_SPILLS``, measured with ptxas for sm_90).
-Under the interpreter (``TRITON_INTERPRET=1``) autotuning is bypassed: one small fixed configuration,
-so CPU tests stay fast.
+Loads. On sm_90 the q, k and v tiles come through the copy engine (TMA): the wrapper passes host-side
+tensor descriptors (``triton.tools.tensor_descriptor``) instead of pointers when the installed Triton
+has them and the strides allow it (``launch.tma_device``, ``launch.tma_compatible``), and the constexpr
+``TMA`` selects the descriptor loads in the same kernel body (``online_softmax.load_rows``). Host-side
+rather than ``tl.make_tensor_descriptor`` in the kernel: a device-side descriptor needs a global-memory
+scratch allocator registered process-wide (``triton.set_allocator``), which a library should not impose
+on its caller, and every program would write and fence its descriptors before its first load. Host
+descriptors travel as kernel parameters; their box is the configuration's tile, set by the autotuner's
+pre-hook (``launch.descriptor_blocks``). Everywhere else -- sm_80/sm_89, the interpreter, a Triton
+without descriptors, strides TMA cannot take -- the pointer path.
+
+Tiles on a GPU are autotuned (keyed on the head dims, causality, and the power-of-two bucket of the
+length so that a new length does not re-tune) among the candidates ``launch.pruner`` keeps for the
+device: those whose shared memory (:func:`fwd_smem`) fits what the device offers, and, in half
+precision, that ptxas did not show spilling registers at the call's head width on that GPU generation
+(``_FWD_SPILLS``, measured for sm_80, sm_89 and sm_90 by ``scripts/kernel_resources.py --sm``). Under
+the interpreter (``TRITON_INTERPRET=1``) autotuning is bypassed: one small fixed configuration, so CPU
+tests stay fast.
 """
 
 from __future__ import annotations
@@ -41,8 +54,10 @@ import triton
 import triton.language as tl
 
 from ..._backend import INTERPRET
-from ..common.online_softmax import LOG2E, attend_keys, head_block, softmax_init, store_o_lse
-from ..common.tiles import load_tile, program_tile
+from ..common import launch
+from ..common.online_softmax import LOG2E, attend_keys, head_base, load_rows, softmax_init, store_o_lse
+from ..common.precision import softmax_precision
+from ..common.tiles import program_tile
 
 
 @triton.jit
@@ -54,13 +69,16 @@ def _flash_fwd_kernel(Q, K, V, O, LSE,
                       H, T_Q, T_K, D, DV, qk_scale, T_BUCKET,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                       BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
-                      CAUSAL: tl.constexpr, EVEN_D: tl.constexpr, PRECISION: tl.constexpr):
+                      CAUSAL: tl.constexpr, EVEN_D: tl.constexpr, PRECISION: tl.constexpr, TMA: tl.constexpr):
+    if CAUSAL:
+        tl.static_assert(BLOCK_M % BLOCK_N == 0, "causal forward: BLOCK_N must divide BLOCK_M (the diagonal "
+                                                 "stage starts at the program's first row)")
     pid_bh, b, h, start_m, offs_m, offs_n, offs_d, offs_dv = program_tile(H, BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DV)
 
-    q = load_tile(Q + b * stride_qb + h * stride_qh, offs_m, offs_d, stride_qt, stride_qd, T_Q, D)
-    # k is read transposed, [BLOCK_D, BLOCK_N], so that s = q @ k needs no in-register transpose.
-    K_base = K + b * stride_kb + h * stride_kh
-    V_base = V + b * stride_vb + h * stride_vh
+    q = load_rows(head_base(Q, b, h, stride_qb, stride_qh, TMA), b, h, start_m, tl.arange(0, BLOCK_M), offs_d,
+                  stride_qt, stride_qd, T_Q, D, MASK_T=True, EVEN_C=False, TMA=TMA)
+    K_base = head_base(K, b, h, stride_kb, stride_kh, TMA)
+    V_base = head_base(V, b, h, stride_vb, stride_vh, TMA)
 
     acc, l_i, m_i = softmax_init(BLOCK_M, BLOCK_DV)
 
@@ -72,84 +90,85 @@ def _flash_fwd_kernel(Q, K, V, O, LSE,
         masked_end = T_K
 
     # Stage 1: no masks. Every row sees every key of these tiles, so no row is empty.
-    acc, l_i, m_i = attend_keys(acc, l_i, m_i, q, K_base, V_base, 0, full_end, offs_m, offs_n, offs_d, offs_dv,
+    acc, l_i, m_i = attend_keys(acc, l_i, m_i, q, K_base, V_base, b, h, 0, full_end, offs_m, offs_n, offs_d, offs_dv,
                                 stride_kt, stride_kd, stride_vt, stride_vd, T_K, D, DV, qk_scale, BLOCK_N=BLOCK_N,
-                                MASK_T=False, CAUSAL=False, EVEN_D=EVEN_D, PRECISION=PRECISION)
+                                MASK_T=False, CAUSAL=False, EVEN_D=EVEN_D, PRECISION=PRECISION, TMA=TMA)
     # Stage 2: the diagonal (causal) and the ragged tail, masked.
-    acc, l_i, m_i = attend_keys(acc, l_i, m_i, q, K_base, V_base, full_end, masked_end, offs_m, offs_n, offs_d,
+    acc, l_i, m_i = attend_keys(acc, l_i, m_i, q, K_base, V_base, b, h, full_end, masked_end, offs_m, offs_n, offs_d,
                                 offs_dv, stride_kt, stride_kd, stride_vt, stride_vd, T_K, D, DV, qk_scale,
-                                BLOCK_N=BLOCK_N, MASK_T=True, CAUSAL=CAUSAL, EVEN_D=EVEN_D, PRECISION=PRECISION)
+                                BLOCK_N=BLOCK_N, MASK_T=True, CAUSAL=CAUSAL, EVEN_D=EVEN_D, PRECISION=PRECISION,
+                                TMA=TMA)
     # Only padded rows (>= T_Q) can have l = 0; LSE: contiguous [B, H, Tq].
     store_o_lse(O + b * stride_ob + h * stride_oh, LSE + pid_bh * T_Q, acc, l_i, m_i, offs_m, offs_dv,
                 stride_ot, stride_od, T_Q, DV)
 
 
-# Shared memory the tiles may take: q plus ``stages`` buffered (k, v) tiles. Hopper offers 227 KiB
-# per block and Ampere 163 KiB; leave room for the layout conversions and scratch Triton adds.
-SMEM_BUDGET = 160 * 1024
-
-
-def _fwd_smem(cfg, args) -> int:
+def fwd_smem(cfg, args) -> int:
+    """Shared memory of a candidate: the q tile plus ``num_stages`` buffered (k, v) tiles in the inputs'
+    dtype, plus ``launch.SMEM_MARGIN``. That is what sm_90 allocates (its products read every operand
+    from shared memory); on sm_80/sm_89, whose ``mma.sync`` takes q from registers, Triton allocated
+    less for every candidate (``scripts/kernel_resources.py --every-config --sm 80 89 90``)."""
     bd, bdv = args["BLOCK_D"], args["BLOCK_DV"]
     bm, bn = cfg.kwargs["BLOCK_M"], cfg.kwargs["BLOCK_N"]
-    return args["Q"].element_size() * (bm * bd + cfg.num_stages * bn * (bd + bdv))
+    return args["O"].element_size() * (bm * bd + cfg.num_stages * bn * (bd + bdv)) + launch.SMEM_MARGIN
 
 
-def config_key(cfg) -> tuple[int, int, int, int]:
-    """``(BLOCK_M, BLOCK_N, num_warps, num_stages)`` of an autotuning configuration."""
-    return cfg.kwargs["BLOCK_M"], cfg.kwargs["BLOCK_N"], cfg.num_warps, cfg.num_stages
+def spill_width(out: str):
+    """The head width a ``SPILLS`` table is read at, for a kernel whose output argument ``out`` has the
+    inputs' dtype: ``max(BLOCK_D, BLOCK_DV)`` for half-precision inputs; 0 -- never pruned for spills --
+    for float32, whose exact (ieee) products run on the CUDA cores (FMA), not the tensor cores: most
+    float32 candidates spill (compiled for sm_90 at D = 128 and 256, up to 58 KB of spill stores), and
+    a float32 launch on a GPU is the correctness path, not a fast one. Shared memory is checked for
+    every dtype."""
+
+    def width(args) -> int:
+        return max(args["BLOCK_D"], args["BLOCK_DV"]) if args[out].element_size() == 2 else 0
+
+    return width
 
 
-def spills(cfg, args, measured: dict) -> bool:
-    """Whether ptxas reported register spills for ``cfg`` at these head dims and this dtype.
-
-    ``measured`` maps a configuration (:func:`config_key`) to the narrowest head block
-    ``max(BLOCK_D, BLOCK_DV)`` at which it spilled, for half-precision inputs (fp16 and bf16 spill
-    alike): ``scripts/kernel_resources.py --every-config`` compiles every configuration for sm_90 and
-    reads ``ptxas -v``. A spilled tile goes through local memory on every use, so a configuration
-    that spills is dropped before the autotuner times it. Float32 inputs are not pruned for spills:
-    their exact (ieee) products do not run on tensor cores, and the four configurations measured at
-    D = 64 (causal; 128 x 64 with 4 and 8 warps, 128 x 128, 64 x 64) all spilled, 2.8 to 52 KB of
-    spill stores -- a float32 launch on a GPU is a correctness path, not a fast one."""
-    narrowest = measured.get(config_key(cfg))
-    return (narrowest is not None and args["Q"].element_size() == 2
-            and max(args["BLOCK_D"], args["BLOCK_DV"]) >= narrowest)
+def configs(shapes, blocks):
+    """``triton.Config`` s of ``(BLOCK_M, BLOCK_N, num_warps, num_stages)``, each with the pre-hook that
+    sets the tensor descriptors' boxes to its tiles."""
+    hook = launch.descriptor_blocks(blocks)
+    return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s, pre_hook=hook)
+            for bm, bn, w, s in shapes]
 
 
-def _prune_fwd(configs, nargs, **kwargs):
-    """Drop the configurations whose tiles overflow shared memory (wide heads, float32) -- they would
-    fail to launch with OutOfResources --, those measured to spill registers at this head width
-    (``_FWD_SPILLS``) and, for heads wider than 128, the large register tiles.
-    The last configuration is the fallback, used only when no other fits (D = 256 in float32)."""
-    args = {**nargs, **kwargs}                  # positional arguments, then the constexpr keywords
-    wide = max(args["BLOCK_D"], args["BLOCK_DV"]) > 128
-    keep = [c for c in configs[:-1] if _fwd_smem(c, args) <= SMEM_BUDGET and not spills(c, args, _FWD_SPILLS)
-            and not (wide and c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"] > 64 * 64)]
-    return keep or configs[-1:]
+# The box of each descriptor argument: q [BLOCK_M, BLOCK_D], k [BLOCK_N, BLOCK_D], v [BLOCK_N, BLOCK_DV].
+FWD_BLOCKS = {"Q": ("BLOCK_M", "BLOCK_D"), "K": ("BLOCK_N", "BLOCK_D"), "V": ("BLOCK_N", "BLOCK_DV")}
 
+# The Triton tutorial's space (BLOCK_M 64/128, BLOCK_N 32..128, 4 or 8 warps) with 2 or 3 stages, BLOCK_N
+# dividing BLOCK_M (asserted in the kernel). 128 x 128 with 2 stages is the D = 128 tiling that needs
+# Hopper's shared memory (160 KB of tiles); the 2-stage 128 x 64 and 64 x 64 fit the 99 KB of an L4 at
+# D = 128. The last two serve float32 at D = 256: 64 x 32 with one stage (128 KB of tiles: A100, H100)
+# and 32 x 16 (64 KB: an L4); the last is what the pruner falls back to.
+_FWD_CONFIGS = configs([(128, 128, 8, 2), (128, 128, 8, 3), (128, 64, 8, 3), (128, 64, 4, 3), (128, 64, 8, 2),
+                        (64, 64, 4, 3), (64, 64, 4, 2), (64, 32, 4, 3), (64, 32, 4, 1), (32, 16, 4, 1)], FWD_BLOCKS)
 
-# The Triton tutorial's Hopper space (BLOCK_M 64/128, BLOCK_N 32..128, 4 or 8 warps, 3 stages), with
-# BLOCK_N <= BLOCK_M so that the causal diagonal stage starts on a key-tile boundary. Kept small: each
-# configuration is compiled once per (dtype, head dims, causal) on first use.
-_FWD_CONFIGS = [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
-                for bm, bn, w, s in [(128, 64, 8, 3), (128, 64, 4, 3), (128, 128, 8, 3), (64, 64, 4, 3),
-                                     (64, 32, 4, 3),
-                                     (64, 32, 4, 1)]]   # the fallback: D = 256 in float32
+# Register spills measured with ptxas -v at D = 64, 128, 256 (``scripts/kernel_resources.py --sm 80 89 90
+# --every-config --spill-tables``, bf16 -- fp16 gives the same registers --, causal and not, on sm_90
+# through descriptors and through pointers; every row is in
+# benchmarks/results/flash_autotune_candidates.json): configuration -> the narrowest head block at which
+# it spilled, per target family. 128 x 64 with 4 warps holds a [128, D] fp32 accumulator in 128
+# threads: 255 registers and 164-272 B of spill stores at D = 128 on sm_80/sm_89, up to 232 B on
+# sm_90; its 8-warp twin (138-244 registers at D = 128) takes its place. On sm_80/sm_89 (mma.sync) the
+# 128 x 128 tiles spill at D = 128 (12-72 B) and every tile of 64 keys or more at D = 256 (4 B to
+# 38 KB), leaving 64 x 32 there; on sm_90 (wgmma) the 128 x 128 tiles spill only at D = 256 through
+# pointers (232-252 B; 251-252 registers and no spill through descriptors). The one-stage 32 x 16
+# fallback spills 12 B on sm_90 at D = 64 and 256.
+_FWD_SPILLS = {
+    "sm80": {(64, 64, 4, 2): 256, (64, 64, 4, 3): 256, (128, 64, 4, 3): 128, (128, 64, 8, 2): 256,
+             (128, 64, 8, 3): 256, (128, 128, 8, 2): 128, (128, 128, 8, 3): 128},
+    "sm89": {(64, 64, 4, 2): 256, (64, 64, 4, 3): 256, (128, 64, 4, 3): 128, (128, 64, 8, 2): 256,
+             (128, 64, 8, 3): 256, (128, 128, 8, 2): 128, (128, 128, 8, 3): 128},
+    "sm90": {(32, 16, 4, 1): 64, (128, 64, 4, 3): 128, (128, 128, 8, 2): 256, (128, 128, 8, 3): 256},
+}
 
-# Register spills measured with ptxas -v for sm_90, fp16 = bf16, causal and not (benchmarks/results/
-# kernel_resources.json has the kept ones): 128 x 64 with 4 warps holds a [128, D] fp32 accumulator
-# in 128 threads -- 255 registers and no spill at D = 64, but 140-232 B of spill stores at D = 128 and
-# 4.2-4.4 KB at 256; its 8-warp twin (167-168 registers at D = 128) takes its place. 128 x 128 (8 warps)
-# spills 172-252 B at D = 256, where shared memory and the tile-size rule drop it anyway.
-_FWD_SPILLS = {(128, 64, 4, 3): 128, (128, 128, 8, 3): 256}
+_prune_fwd = launch.pruner(fwd_smem, _FWD_SPILLS, spill_width("O"), "LSE")
+_flash_fwd = launch.autotuned(_flash_fwd_kernel, _FWD_CONFIGS, ["T_BUCKET", "D", "DV", "CAUSAL"], _prune_fwd)
 
-if INTERPRET:
-    _flash_fwd = _flash_fwd_kernel          # one fixed configuration, chosen at the launch
-else:
-    _flash_fwd = triton.autotune(_FWD_CONFIGS, key=["T_BUCKET", "D", "DV", "CAUSAL"],
-                                 prune_configs_by={"early_config_prune": _prune_fwd})(_flash_fwd_kernel)
-
-# Under the interpreter: small tiles (it is slow and numpy-backed); BLOCK_M a multiple of BLOCK_N.
+# Under the interpreter: small tiles (it is slow and numpy-backed); BLOCK_N divides BLOCK_M.
 INTERPRET_FWD = dict(BLOCK_M=32, BLOCK_N=16)
 
 
@@ -159,17 +178,13 @@ def length_bucket(T: int) -> int:
     return max(256, triton.next_power_of_2(T))
 
 
-def precision_for(dtype: torch.dtype) -> str:
-    """``ieee`` for fp32 inputs (exact products, no tf32); irrelevant for half inputs."""
-    return "ieee" if dtype == torch.float32 else "tf32"
-
-
-def check_launchable(q: torch.Tensor, D: int, DV: int) -> None:
-    if q.device.type == "cpu" and not INTERPRET:
-        raise RuntimeError("the Triton kernel needs a CUDA device or TRITON_INTERPRET=1")
-    if max(D, DV) > 256:
-        raise ValueError(f"the Triton kernel supports head dims up to 256; got D={D}, Dv={DV} "
-                         "(use backend='torch')")
+def launch_tiles(kernel, grid, args: list, kwargs: dict, fixed: dict, blocks: dict) -> None:
+    """``kernel[grid](*args, **kwargs)``: on a GPU through the autotuner (whose configurations set the
+    descriptor boxes); under the interpreter with the ``fixed`` tiles, setting the boxes here."""
+    if INTERPRET:
+        kwargs = {**kwargs, **fixed}
+        launch.descriptor_blocks(blocks)({**dict(zip(kernel.arg_names, args)), **kwargs})
+    kernel[grid](*args, **kwargs)
 
 
 def flash_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float,
@@ -182,7 +197,7 @@ def flash_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *
     """
     B, H, T_Q, D = q.shape
     T_K, DV = k.shape[2], v.shape[3]
-    check_launchable(q, D, DV)
+    launch.require_launchable(q, D, DV)
     if DV == 0:
         # The LSE does not depend on v: run on one zero value column (a stride-0 view, no copy) and
         # return an empty o. (Returning early here once gave a wrong lse.)
@@ -192,16 +207,16 @@ def flash_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *
     o = torch.empty(B, H, T_Q, DV, device=q.device, dtype=q.dtype)
     if B * H * T_Q == 0:
         return o, lse
-    BLOCK_D, BLOCK_DV = head_block(D), head_block(DV)
-    fixed = INTERPRET_FWD if INTERPRET else {}
+    BLOCK_D, BLOCK_DV = launch.head_block(D), launch.head_block(DV)
+    tma = launch.tma_device(q.device) and launch.tma_compatible(q, k, v)
     grid = lambda meta: (triton.cdiv(T_Q, meta["BLOCK_M"]), B * H)  # noqa: E731
-    _flash_fwd[grid](
-        q, k, v, o, lse,
-        *q.stride(), *k.stride(), *v.stride(), *o.stride(),
-        H, T_Q, T_K, D, DV, scale * LOG2E.value, length_bucket(max(T_Q, T_K)),
-        BLOCK_D=BLOCK_D, BLOCK_DV=BLOCK_DV, CAUSAL=causal, EVEN_D=(D == BLOCK_D and DV == BLOCK_DV),
-        PRECISION=precision_for(q.dtype), **fixed,
-    )
+    launch_tiles(_flash_fwd, grid,
+                 [*launch.head_descriptors(tma, q, k, v), o, lse,
+                  *q.stride(), *k.stride(), *v.stride(), *o.stride(),
+                  H, T_Q, T_K, D, DV, scale * LOG2E.value, length_bucket(max(T_Q, T_K))],
+                 dict(BLOCK_D=BLOCK_D, BLOCK_DV=BLOCK_DV, CAUSAL=causal, EVEN_D=(D == BLOCK_D and DV == BLOCK_DV),
+                      PRECISION=softmax_precision(q.dtype), TMA=tma),
+                 INTERPRET_FWD, FWD_BLOCKS)
     return o, lse
 
 

@@ -48,7 +48,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..._backend import INTERPRET
+from ..common.launch import require_launchable
 
 
 @triton.jit
@@ -254,16 +254,11 @@ def _blocks(R: int, D: int) -> tuple[int, int]:
     return block_r, block_d
 
 
-def _check_device(z):
-    if z.device.type == "cpu" and not INTERPRET:
-        raise RuntimeError("the Triton kernel needs a CUDA device or TRITON_INTERPRET=1")
-
-
 def grassmann_fwd(z: torch.Tensor, wa: torch.Tensor, offsets: torch.Tensor, eps: float
                   ) -> tuple[torch.Tensor, torch.Tensor]:
     """``z [B, L, r]``, ``wa [r, r, d]`` (contiguous), ``offsets`` int32 on z's device.
     Returns ``(g [B, L, d] in z's dtype, w_hat [B, L, r] float32)``."""
-    _check_device(z)
+    require_launchable(z)
     B, L, R = z.shape
     D = wa.shape[-1]
     g = torch.empty(B, L, D, device=z.device, dtype=z.dtype)
