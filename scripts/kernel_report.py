@@ -447,15 +447,25 @@ def _inputs(shape, layout: str, gated: bool, delta: bool):
     return q, k, v, beta, g
 
 
+# Variants of the ops that launch other specialisations, captured only for the spill tables.
+VARIANTS = ("softmax_noncausal", "softmax_fused", "softmax_fused_noncausal", "linear_noncausal",
+            "gated_delta_dq_only")
+
+
 def run_attnlib(op: str, shape) -> torch.Tensor:
-    """The public function, ``backend="auto"``, at its defaults (chunk 64, scale 1/sqrt(D))."""
+    """The public function, ``backend="auto"``, at its defaults (chunk 64, scale 1/sqrt(D)); or one of its
+    :data:`VARIANTS`: non-causal, the fused softmax backward, a gradient for ``q`` alone."""
     import attnlib
 
-    q, k, v, beta, g = _inputs(shape, "BHTD", gated=op == "gated_delta", delta=op != "linear")
-    if op == "softmax":
-        return attnlib.softmax_attention(q, k, v, causal=True)
-    if op == "linear":
-        return attnlib.linear_attention(q, k, v)             # causal, identity feature map, not normalised
+    base = op.split("_noncausal")[0].split("_fused")[0].split("_dq_only")[0]
+    q, k, v, beta, g = _inputs(shape, "BHTD", gated=base == "gated_delta", delta=base != "linear")
+    causal = "noncausal" not in op
+    if "dq_only" in op:
+        k, v, beta, g = (None if x is None else x.detach() for x in (k, v, beta, g))
+    if base == "softmax":
+        return attnlib.softmax_attention(q, k, v, causal=causal, deterministic="fused" not in op)
+    if base == "linear":
+        return attnlib.linear_attention(q, k, v, causal=causal)   # identity feature map, not normalised
     return attnlib.delta_rule(q, k, v, beta, g=g)
 
 
@@ -677,13 +687,13 @@ def describe_torch(launches: list) -> list:
 
 
 def capture_worker(lib: str, target_name: str, ops, shapes, spec_file: str | None,
-                   every_config: bool = False) -> dict:
+                   every_config: bool = False, pointers: bool = False) -> dict:
     """One (library, target): every (op, shape) captured and described; the specialisations of the
     Triton launches pickled into ``spec_file`` for the compile step. ``every_config``: also the spill-table
     entries of every autotuning candidate (``"candidates"``: table, config key, width, specialisation)."""
     target = TARGETS[target_name]
     captures, specs, tabled = [], {}, []
-    with fake_gpu(target):
+    with fake_gpu(target), (pointer_loads() if pointers else contextlib.nullcontext()):
         for op in ops:
             if lib == "fla" and op not in CHUNKED:
                 continue
@@ -883,7 +893,7 @@ COMPILE_BATCH = 12          # specialisations per compile worker: ~30 s of work 
 
 
 def collect(ops, shapes, targets, libs, compile_: bool, parallel: int, fla_targets=None,
-            progress=sys.stderr, every_config: bool = False) -> dict:
+            progress=sys.stderr, every_config: bool = False, pointer_targets=()) -> dict:
     """Capture every (library, target) in its own subprocess and compile attnlib's distinct
     specialisations for the compiled targets in batches, ``parallel`` subprocesses at a time. A target's
     compile batches start as soon as its capture is done (they run beside the other captures): attnlib's
@@ -927,17 +937,19 @@ def collect(ops, shapes, targets, libs, compile_: bool, parallel: int, fla_targe
     order = [("attnlib", t) for t in targets if t not in COMPILED_TARGETS]
     order += [("attnlib", t) for t in targets if t in COMPILED_TARGETS]
     order += [("fla", t) for t in (fla_targets or targets) if "fla" in libs]
+    order = [(lib, t, False) for lib, t in order] + [("attnlib", t, True) for t in pointer_targets]
     jobs = []
-    for lib, target in order:
+    for lib, target, pointers in order:
         lib_ops = [op for op in ops if lib == "attnlib" or op in CHUNKED]
         if not lib_ops:
             continue
-        out, spec_file = work / f"capture-{lib}-{target}.json", work / f"specs-{lib}-{target}.pkl"
-        jobs.append(Job(f"capture {lib} {target}",
+        tag = f"{lib}-{target}" + ("-pointers" if pointers else "")
+        out, spec_file = work / f"capture-{tag}.json", work / f"specs-{tag}.pkl"
+        jobs.append(Job(f"capture {tag}",
                         [sys.executable, script, "--worker", "capture", "--lib", lib, "--targets", target,
                          "--ops", ",".join(lib_ops), "--shapes", ",".join(map(shape_name, shapes)),
                          "--worker-out", str(out), "--spec-file", str(spec_file)]
-                        + (["--every-config"] if every_config else []),
+                        + (["--every-config"] if every_config else []) + (["--pointer-loads"] if pointers else []),
                         functools.partial(read_capture, lib, target, out, spec_file)))
     run_jobs(jobs, parallel)
     print(f"captured {len(data['captures'])} (library, op, shape, target), compiled {len(data['compiled'])} "
@@ -1171,9 +1183,11 @@ def main(argv=None) -> int:
     ap.add_argument("--no-save", action="store_true", help=f"do not write {RESULT.relative_to(ROOT)}")
     ap.add_argument("--json-out", help="write the report to this file (as well)")
     ap.add_argument("--spill-tables", action="store_true",
-                    help="compile every autotuning candidate of attnlib's kernels (every op, D 64/128/256, "
-                         "sm_80/89/90) and print the SPILLS tables their pruning hooks read")
+                    help="compile every autotuning candidate of attnlib's kernels (every op and variant, D "
+                         "64/128/256, sm_80/89/90, on sm_90 both load paths) and print the SPILLS tables "
+                         "their pruning hooks read")
     ap.add_argument("--every-config", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--pointer-loads", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--worker", choices=("capture", "compile"), help=argparse.SUPPRESS)
     ap.add_argument("--lib", help=argparse.SUPPRESS)
     ap.add_argument("--worker-out", help=argparse.SUPPRESS)
@@ -1183,21 +1197,22 @@ def main(argv=None) -> int:
     shapes = [parse_shape(s) for s in a.shapes.split(",") if s]
     targets = [t for t in a.targets.split(",") if t]
     for o in ops:
-        if o not in OPS:
+        if o not in OPS + VARIANTS:
             ap.error(f"unknown op {o!r}")
     for t in targets:
         if t not in TARGETS:
             ap.error(f"unknown target {t!r}")
     if a.worker == "capture":
-        out = capture_worker(a.lib, targets[0], ops, shapes, a.spec_file, a.every_config)
+        out = capture_worker(a.lib, targets[0], ops, shapes, a.spec_file, a.every_config, a.pointer_loads)
         Path(a.worker_out).write_text(json.dumps(out))
         return 0
     if a.worker == "compile":
         Path(a.worker_out).write_text(json.dumps(compile_worker(a.spec_file)))
         return 0
 
-    if a.spill_tables:
-        data = collect(ops, SPILL_SHAPES, COMPILED_TARGETS, ["attnlib"], True, max(1, a.jobs), every_config=True)
+    if a.spill_tables:               # every op and variant; on sm_90 both load paths (descriptors, pointers)
+        data = collect(list(OPS + VARIANTS), SPILL_SHAPES, COMPILED_TARGETS, ["attnlib"], True, max(1, a.jobs),
+                       every_config=True, pointer_targets=["sm_90"])
         print_spill_tables(spill_tables(data))
         return 0
     fla = None if a.no_fla else fla_available()

@@ -120,7 +120,7 @@ def workloads(D: int, dtype: torch.dtype) -> dict:
 
     return {"linear": lambda: linear(True), "linear non-causal": lambda: linear(False),
             "delta": lambda: delta(False), "gated delta": lambda: delta(True),
-            "gated delta, dq only": lambda: delta(True, only_dq=True),
+            "gated delta dq only": lambda: delta(True, only_dq=True),
             "flash": lambda: flash(True), "flash non-causal": lambda: flash(False),
             "flash fused": lambda: flash(True, False), "flash fused non-causal": lambda: flash(False, False),
             "block-sparse": lambda: block_sparse(True), "block-sparse non-causal": lambda: block_sparse(False)}

@@ -185,9 +185,9 @@ DQK_CONFIGS = [triton.Config({"BLOCK_V": bv}, num_warps=w, num_stages=s) for bv,
                [(64, 4, 2), (64, 8, 2), (32, 4, 2), (32, 8, 2), (32, 8, 1)]]
 # Measured spills, {target family: {launch.config_key: narrowest head block that spilled}}, one table per
 # autotuned launch (scripts/kernel_report.py compiles every candidate for sm_80, sm_89 and sm_90).
-FWD_O_SPILLS: dict = {}
-DV_LOCAL_SPILLS: dict = {}
-DQK_SPILLS: dict = {}
+FWD_O_SPILLS = {"sm80": {}, "sm89": {}, "sm90": {}}
+DV_LOCAL_SPILLS = {"sm80": {}, "sm89": {}, "sm90": {}}
+DQK_SPILLS = {"sm80": {(64, 4, 2): 64}, "sm89": {(64, 4, 2): 64}, "sm90": {}}
 
 
 def _smem(cfg, args):

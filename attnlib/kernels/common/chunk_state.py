@@ -149,9 +149,17 @@ FULL_K_CONFIGS = [_cfg(0, bv, w, s) for bv, w, s in
                   [(64, 8, 2), (64, 4, 2), (32, 4, 2), (32, 8, 2), (16, 4, 2), (16, 8, 1)]]
 # Measured spills, {target family: {launch.config_key: narrowest head block that spilled}}, one table per
 # autotuned launch (scripts/kernel_report.py compiles every candidate for sm_80, sm_89 and sm_90).
-FWD_H_SPLIT_SPILLS: dict = {}
-FWD_H_FULL_SPILLS: dict = {}
-BWD_DH_SPILLS: dict = {}
+FWD_H_SPLIT_SPILLS = {"sm80": {(128, 64, 8, 2): 64}, "sm89": {(128, 64, 8, 2): 64}, "sm90": {}}
+FWD_H_FULL_SPILLS = {
+    "sm80": {(32, 4, 2): 256, (64, 4, 2): 256, (64, 8, 2): 256},
+    "sm89": {(32, 4, 2): 256, (64, 4, 2): 256, (64, 8, 2): 256},
+    "sm90": {(32, 4, 2): 256, (64, 4, 2): 256, (64, 8, 2): 256},
+}
+BWD_DH_SPILLS = {
+    "sm80": {(16, 4, 2): 256, (32, 4, 2): 128, (32, 8, 2): 256, (64, 4, 2): 64, (64, 8, 2): 256},
+    "sm89": {(16, 4, 2): 256, (32, 4, 2): 128, (32, 8, 2): 256, (64, 4, 2): 64, (64, 8, 2): 128},
+    "sm90": {(32, 4, 2): 256, (64, 4, 2): 256, (64, 8, 2): 256},
+}
 
 
 def _smem(streamed_k: int, streamed_v: int):

@@ -173,8 +173,12 @@ WY_CONFIGS = [triton.Config({"BLOCK_K": bk, "BLOCK_V": bv}, num_warps=w, num_sta
               [(64, 64, 4, 2), (64, 64, 8, 2), (128, 128, 8, 2), (32, 32, 4, 2), (32, 32, 4, 1)]]
 # Measured spills, {target family: {launch.config_key: narrowest head block that spilled}}, one table per
 # autotuned launch (scripts/kernel_report.py compiles every candidate for sm_80, sm_89 and sm_90).
-WY_FWD_SPILLS: dict = {}
-WY_BWD_SPILLS: dict = {}
+WY_FWD_SPILLS = {"sm80": {}, "sm89": {}, "sm90": {}}
+WY_BWD_SPILLS = {
+    "sm80": {(64, 64, 4, 2): 64, (64, 64, 8, 2): 64, (128, 128, 8, 2): 64},
+    "sm89": {(64, 64, 4, 2): 64, (64, 64, 8, 2): 64, (128, 128, 8, 2): 64},
+    "sm90": {},
+}
 
 
 def _smem(cfg, args):

@@ -8,7 +8,8 @@ to ``v``, so the normaliser rides along as one more value column.)
 
 Forward, causal: ``segments.py`` -- the sequence cut into segments whose state sums are formed in
 parallel and scanned, then one fused pass per segment that keeps the state in registers and writes
-only ``o`` (one launch when a single segment gives the GPU enough programs).
+only ``o`` (one launch when a single segment gives the GPU enough programs). Heads wider than 128: the
+two-pass form, ``chunk_fwd_h`` (every chunk's state) then ``chunk_fwd_o``.
 
 Non-causal: the state pass without storing ``h_c``, then ``O = scale Q S_T^T`` by the same output
 kernel reading one state for every chunk.
@@ -31,6 +32,11 @@ from ..common.chunk_state import chunk_bwd_dh, chunk_fwd_h
 from ..common.launch import check_chunk, require_launchable
 from .segments import linear_segments_forward
 
+# The segmented forward holds a [D, BLOCK_V] state and [CHUNK, D] tiles in one program: at D = 256 that
+# spilled registers on sm_89 in every tile shape measured (``segments.py``), so wider heads take the
+# two-pass form of the backward's state pass and the output kernel.
+SEGMENTED_MAX_HEAD = 128
+
 
 def linear_chunk_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                          initial_state: torch.Tensor | None = None, *, scale: float = 1.0,
@@ -49,10 +55,14 @@ def linear_chunk_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     check_chunk(chunk_size)
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     tiles = dict(block_k=block_k, block_v=block_v)
-    if causal:
+    if causal and max(q.shape[-1], v.shape[-1]) <= SEGMENTED_MAX_HEAD:
         return linear_segments_forward(q, k, v, initial_state, scale=scale, chunk_size=chunk_size,
                                        out_dtype=out_dtype, output_final_state=output_final_state,
                                        segments=segments, block_v=block_v)
+    if causal:                                   # wider heads: the state pass splits D, the outputs read it
+        hs, _, S = chunk_fwd_h(k, v, initial_state=initial_state, chunk_size=chunk_size,
+                               store_final=output_final_state, **tiles)
+        return chunk_fwd_o(q, k, v, hs, scale=scale, chunk_size=chunk_size, out_dtype=out_dtype, **tiles), S
     _, _, S = chunk_fwd_h(k, v, initial_state=initial_state, chunk_size=chunk_size, store_h=False, **tiles)
     o = chunk_fwd_o(q, None, None, S, scale=scale, chunk_size=chunk_size, out_dtype=out_dtype, final=True,
                     **tiles)

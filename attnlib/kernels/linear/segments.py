@@ -21,6 +21,10 @@ and writes ``o``, where the two-pass form (``chunk_fwd_h`` then ``chunk_fwd_o``,
 and reads a ``[D, Dv]`` state per chunk -- at D = Dv = 128 and chunk 64, in bfloat16, that is twice the
 bytes of ``k``, written once and read once.
 
+Heads up to 128 wide: at D = 256 the output program's ``[D, BLOCK_V]`` state and ``[CHUNK, D]`` tiles
+spilled registers on sm_89 in every tile shape measured, so ``linear/chunk.py`` takes the two-pass
+form there (its state pass splits ``D``).
+
 ``NS`` is chosen so that the output kernel has about two programs per streaming multiprocessor of the
 device, with segments of at least 16 chunks (:func:`segment_count`). On an H100 (132 multiprocessors),
 at chunk 64: B4 H16 T4096 D128 gets 3 segments (64 heads x 2 value tiles x 3 = 384 programs), and
@@ -127,8 +131,12 @@ SUM_CONFIGS = [triton.Config({"BLOCK_K": bk, "BLOCK_V": bv}, num_warps=w, num_st
                [(64, 64, 4, 3), (128, 64, 8, 3), (64, 64, 4, 2), (32, 32, 4, 1)]]
 # Measured spills, {target family: {launch.config_key: narrowest head block that spilled}}, one table per
 # autotuned launch (scripts/kernel_report.py compiles every candidate for sm_80, sm_89 and sm_90).
-OUTPUT_SPILLS: dict = {}
-SUM_SPILLS: dict = {}
+OUTPUT_SPILLS = {
+    "sm80": {(32, 4, 2): 128, (32, 8, 1): 256, (32, 8, 2): 256, (64, 4, 2): 128, (64, 8, 2): 256, (128, 8, 2): 128},
+    "sm89": {(32, 4, 2): 128, (32, 8, 1): 256, (32, 8, 2): 256, (64, 4, 2): 64, (64, 8, 2): 64, (128, 8, 2): 128},
+    "sm90": {(64, 4, 2): 256, (128, 8, 2): 256},
+}
+SUM_SPILLS = {"sm80": {}, "sm89": {}, "sm90": {}}
 OUTPUT_BLOCK_V = 64          # the value tile assumed when choosing the number of segments
 MIN_SEGMENT_CHUNKS = 16      # a segment's state (written, scanned, read: 3 x 4 D Dv bytes) stays a few
                              # per cent of its rows' traffic from 16 chunks of 64 rows on (D = Dv = 128)
