@@ -71,12 +71,15 @@ class _TritonAttention(torch.autograd.Function):
         o, lse = flash_attention_forward(q, k, v, scale=scale, causal=causal)
         ctx.save_for_backward(q, k, v, o, lse)
         ctx.scale, ctx.causal, ctx.deterministic = scale, causal, deterministic
+        ctx.set_materialize_grads(False)        # no loss on lse (the usual case): None, not a zero-filled tensor
         return o, lse
 
     @staticmethod
     def backward(ctx, do, dlse):
         from .kernels.flash import flash_attention_backward
         q, k, v, o, lse = ctx.saved_tensors
+        if do is None:                          # a loss on lse alone
+            do = torch.zeros_like(o)
         dq, dk, dv = flash_attention_backward(q, k, v, o, lse, do, dlse, scale=ctx.scale, causal=ctx.causal,
                                               deterministic=ctx.deterministic)
         return dq, dk, dv, None, None, None

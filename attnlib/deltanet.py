@@ -287,6 +287,7 @@ class _TritonDeltaRule(torch.autograd.Function):
                                         initial_state=initial_state, output_final_state=output_final_state)
         ctx.save_for_backward(q, k, v, beta, g, initial_state)
         ctx.scale, ctx.chunk_size = scale, chunk_size
+        ctx.set_materialize_grads(False)        # an unused output's gradient: None, not a zero-filled tensor
         return o, S
 
     @staticmethod
@@ -296,6 +297,8 @@ class _TritonDeltaRule(torch.autograd.Function):
         need = ctx.needs_input_grad[:6]
         if not any(need):
             return (None,) * 9
+        if do is None:                          # a loss on the final state alone
+            do = q.new_zeros(*q.shape[:-1], v.shape[-1])
         grads = delta_rule_chunk_backward(q, k, v, beta, g, S0, do, dS, scale=ctx.scale, chunk_size=ctx.chunk_size,
                                           only_dq=not any(need[1:]), need_state_grad=need[5])
         res = [gr.to(t.dtype) if n and gr is not None else None

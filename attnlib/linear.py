@@ -224,6 +224,7 @@ class _TritonLinear(torch.autograd.Function):
                                     out_dtype=out_dtype, output_final_state=output_final_state)
         ctx.save_for_backward(q, k, v, S0)
         ctx.scale, ctx.causal, ctx.chunk_size = scale, causal, chunk_size
+        ctx.set_materialize_grads(False)        # an unused output's gradient: None, not a zero-filled tensor
         return o, S
 
     @staticmethod
@@ -233,6 +234,8 @@ class _TritonLinear(torch.autograd.Function):
         need = ctx.needs_input_grad
         if not any(need[:4]):
             return (None,) * 9
+        if do is None:                          # a loss on the final state alone
+            do = q.new_zeros(*q.shape[:-1], v.shape[-1])
         dq, dk, dv, dS0 = linear_chunk_backward(q, k, v, S0, do, dS, scale=ctx.scale, causal=ctx.causal,
                                                 chunk_size=ctx.chunk_size, need_state_grad=need[3])
         grads = [g.to(t.dtype) if n else None for g, t, n in zip((dq, dk, dv), (q, k, v), need[:3])]

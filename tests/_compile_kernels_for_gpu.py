@@ -56,7 +56,7 @@ def main() -> int:
                      dict(Q=half, K=half, V=half, DO=half, LSE=f32, DELTA=f32, DQ=half),
                      dict(BLOCK_M=128, BLOCK_N=32, EVEN_D=False, TMA=False, **tiles), ("qk_scale", "sm_scale"), 8, 3),
         "backward delta": (online_softmax.softmax_bwd_preprocess_kernel, dict(O=half, DO=half, DLSE=f32, DELTA=f32),
-                           dict(BLOCK_M=64, BLOCK_DV=64), (), 4, 2),
+                           dict(BLOCK_M=64, BLOCK_DV=64, HAS_DLSE=True), (), 4, 2),
         "block-sparse forward": (bs_fwd._block_sparse_fwd_kernel,
                                  dict(Q=half, K=half, V=half, O=half, LSE=f32, COUNTS=i32, INDICES=i32),
                                  dict(BS=128, BLOCK_M=128, BLOCK_N=64, **tiles), ("qk_scale",), 8, 2),

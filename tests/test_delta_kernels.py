@@ -154,3 +154,17 @@ def test_empty_batch_runs_forward_and_backward():
     assert o.shape == (0, 2, 17, 12) and S.shape == (0, 2, 12, 12)
     o.sum().backward()
     assert all(t.grad is not None and t.grad.shape == t.shape for t in (q, k, v, beta, g))
+
+
+def test_a_loss_on_the_final_state_alone(rel_err):
+    """The output is unused: its gradient reaches the backward as None (nothing zero-filled), and every
+    gradient through the final state still matches the reference."""
+    q, k, v, beta, g, _, _, _ = inputs(1, 2, 40, 16, 16, gated=True, seed=8)
+    got = []
+    for backend, dt in (("triton", torch.float32), ("torch", F64)):
+        ins = [t.to(dt).clone().requires_grad_() for t in (k, v, beta, g)]
+        _, S = delta_rule(q.to(dt), ins[0], ins[1], ins[2], g=ins[3], output_final_state=True, backend=backend)
+        S.square().sum().backward()
+        got.append([t.grad for t in ins])
+    for a, b in zip(*got):
+        assert rel_err(a, b) < TOL

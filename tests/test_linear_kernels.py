@@ -124,3 +124,16 @@ def test_fp16_state_beyond_the_fp16_range_stays_finite(rel_err):
                                   backend="torch")
     assert o.dtype == torch.float16 and torch.isfinite(o).all() and torch.isfinite(S).all()
     assert rel_err(o, ref) < 1e-2 and rel_err(S, S_ref) < 1e-5
+
+
+def test_a_loss_on_the_final_state_alone(rel_err):
+    """The output is unused: its gradient reaches the backward as None (nothing zero-filled), and the
+    keys' gradient through the final state still matches the reference."""
+    q, k, v, _, _, _ = inputs(1, 2, 40, 16, 16, seed=7)
+    grads = []
+    for backend, dt in (("triton", torch.float32), ("torch", F64)):
+        kk = k.to(dt).clone().requires_grad_()
+        _, S = linear_attention(q.to(dt), kk, v.to(dt), output_final_state=True, backend=backend)
+        S.square().sum().backward()
+        grads.append(kk.grad)
+    assert rel_err(*grads) < TOL

@@ -311,8 +311,9 @@ def softmax_bwd_preprocess_kernel(O, DO, DLSE, DELTA,
                                   stride_ob, stride_oh, stride_ot, stride_od,
                                   stride_db, stride_dh, stride_dt, stride_dd,
                                   H, T_Q, DV,
-                                  BLOCK_M: tl.constexpr, BLOCK_DV: tl.constexpr):
-    """``delta[b, h, i] = sum_d dO[i, d] * O[i, d] - dlse[i]`` for ``BLOCK_M`` rows of one (batch, head).
+                                  BLOCK_M: tl.constexpr, BLOCK_DV: tl.constexpr, HAS_DLSE: tl.constexpr):
+    """``delta[b, h, i] = sum_d dO[i, d] * O[i, d] - dlse[i]`` for ``BLOCK_M`` rows of one (batch, head)
+    (``- dlse`` only with ``HAS_DLSE``: no loss on the LSE, no zero tensor to read).
 
     Grid ``(cdiv(Tq, BLOCK_M), B * H)``. ``DELTA`` and ``DLSE`` are contiguous ``[B, H, Tq]`` fp32."""
     pid_bh = tl.program_id(1)
@@ -322,8 +323,10 @@ def softmax_bwd_preprocess_kernel(O, DO, DLSE, DELTA,
     o = load_tile(O + b * stride_ob + h * stride_oh, offs_m, offs_dv, stride_ot, stride_od, T_Q, DV).to(tl.float32)
     do = load_tile(DO + b * stride_db + h * stride_dh, offs_m, offs_dv, stride_dt, stride_dd, T_Q, DV).to(tl.float32)
     row = pid_bh * T_Q + offs_m
-    dlse = tl.load(DLSE + row, mask=offs_m < T_Q, other=0.0)
-    tl.store(DELTA + row, tl.sum(o * do, 1) - dlse, mask=offs_m < T_Q)
+    delta = tl.sum(o * do, 1)
+    if HAS_DLSE:
+        delta -= tl.load(DLSE + row, mask=offs_m < T_Q, other=0.0)
+    tl.store(DELTA + row, delta, mask=offs_m < T_Q)
 
 
 def backward_delta(o, do, dlse):
@@ -335,16 +338,14 @@ def backward_delta(o, do, dlse):
     """
     B, H, T_Q, DV = o.shape
     delta = torch.empty(B, H, T_Q, device=o.device, dtype=torch.float32)
-    if dlse is None:
-        dlse = torch.zeros(B, H, T_Q, device=o.device, dtype=torch.float32)
-    else:
+    if dlse is not None:
         dlse = dlse.to(torch.float32).contiguous()
     if delta.numel() == 0:
         return delta
     block_m = 64
     grid = (triton.cdiv(T_Q, block_m), B * H)
     softmax_bwd_preprocess_kernel[grid](o, do, dlse, delta, *o.stride(), *do.stride(), H, T_Q, DV,
-                                        BLOCK_M=block_m, BLOCK_DV=head_block(DV))
+                                        BLOCK_M=block_m, BLOCK_DV=head_block(DV), HAS_DLSE=dlse is not None)
     return delta
 
 
