@@ -61,8 +61,9 @@ def test_chunked_kernels_at_d256_fit_and_spill_no_registers_on_every_target():
     rows = compiled_resources(*runs[0], more_runs=runs[1:])
     for sm in (80, 89, 90):
         mine = [r for r in rows if r["sm"] == sm]
-        assert {"_wy_fwd_kernel", "_fwd_h_kernel", "_bwd_dh_kernel", "_bwd_dqk_kernel", "_wy_bwd_kernel",
-                "_segment_output_kernel"} <= {r["kernel"] for r in mine}, (sm, sorted({r["kernel"] for r in mine}))
+        # (at D = 256 linear attention's causal forward is the two-pass form: state pass, then outputs)
+        assert {"_wy_fwd_kernel", "_fwd_h_kernel", "_fwd_o_kernel", "_bwd_dh_kernel", "_bwd_dqk_kernel",
+                "_wy_bwd_kernel"} <= {r["kernel"] for r in mine}, (sm, sorted({r["kernel"] for r in mine}))
         limit = SHARED_MEMORY[(sm // 10, sm % 10)]
         bad = [(r["kernel"], r["flags"], r["block_v"], r["num_warps"], r["num_stages"], r["spill_store_bytes"],
                 r["shared_bytes"]) for r in mine
