@@ -152,3 +152,47 @@ def test_lab_glue_is_silent_in_the_notebook(capsys):
     import plotly.graph_objects as go
     lab.glue_figure("f", go.Figure(go.Scatter(y=[1, 2])), plotlyjs=False)
     assert capsys.readouterr().out == ""
+
+
+def _tiny_report():
+    """A report in the shape scripts/kernel_report.py writes, two shapes, made up here."""
+    def ln(phase, kernel, nbytes, programs=None):
+        return {"phase": phase, "kind": "triton", "kernel": kernel, "bytes": nbytes, "programs": programs}
+    launches = {
+        "attnlib|linear|1x2x64x16|sm_90": {"launches": [ln("fwd", "a_fwd", 640, 4), ln("bwd", "a_bwd", 1280, 8)]},
+        "fla|linear|1x2x64x16|sm_90": {"launches": [ln("fwd", "f1", 512), ln("fwd", "f2", 512), ln("bwd", "f3", 2048)]},
+        "attnlib|linear|2x2x32x16|sm_90": {"launches": [ln("fwd", "a_fwd", 640), ln("bwd", "a_bwd", 1280)]},
+        "fla|linear|2x2x32x16|sm_90": {"launches": [ln("fwd", "f1", 1024), ln("bwd", "f3", 2048)]},
+    }
+    rows = [{"op": "linear", "target": "sm_90", "pass": "fwd", "shape": {"B": 1, "H": 2, "T": 64, "D": 16},
+             "attnlib": {"bytes": 640}, "anchor": {"name": "fla", "bytes": 1024}, "ratio": 0.625}]
+    return {"launches": launches, "rows": rows, "shapes": ["1x2x64x16", "2x2x32x16"], "ops": ["linear"]}
+
+
+def test_launch_bytes_are_read_per_launch_and_per_pass():
+    from attnlib.experiments import kernels as xk
+
+    r = _tiny_report()
+    got = xk.launches(r, "fla", "linear", "1x2x64x16")
+    assert [(x.phase, x.kernel, x.bytes) for x in got] == [("fwd", "f1", 512), ("fwd", "f2", 512), ("bwd", "f3", 2048)]
+    assert xk.pass_bytes(r, "fla", "linear", "1x2x64x16") == {"fwd": 1024, "bwd": 2048}
+    assert xk.ratio_rows(r, "linear") == [{"shape": "1x2x64x16", "pass": "fwd", "attnlib": 640, "anchor": 1024,
+                                           "ratio": 0.625, "anchor_name": "fla"}]
+    with pytest.raises(KeyError, match="no capture"):
+        xk.launches(r, "attnlib", "delta", "1x2x64x16")
+
+
+def test_launch_bytes_figure_stacks_launches_per_token_and_head_with_a_step_per_shape():
+    from attnlib.experiments import kernels as xk
+    from attnlib.widgets.kernels import launch_bytes_figure
+
+    r = _tiny_report()
+    per_shape = {s: {lib: xk.launches(r, lib, "linear", s) for lib in ("attnlib", "fla")} for s in r["shapes"]}
+    fig = launch_bytes_figure(per_shape, title="t")
+    assert [f.name for f in fig.frames] == r["shapes"]
+    assert len({len(f.data) for f in fig.frames}) == 1                       # padded: every step replaces every trace
+    first = [(t.x[0], t.y[0]) for t in fig.frames[0].data if t.x[0] is not None]
+    # forward bars first (attnlib, then fla), heights in bytes per (batch, head, token): 1 x 2 x 64 = 128 rows
+    assert first == [("attnlib fwd", 5.0), ("fla fwd", 4.0), ("fla fwd", 4.0), ("attnlib bwd", 10.0), ("fla bwd", 16.0)]
+    second = [(t.x[0], t.y[0]) for t in fig.frames[1].data if t.x[0] is not None]
+    assert second == [("attnlib fwd", 5.0), ("fla fwd", 8.0), ("attnlib bwd", 10.0), ("fla bwd", 16.0)]

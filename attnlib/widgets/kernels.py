@@ -21,8 +21,8 @@ COLOURS = {"attnlib": ("#1f77b4", "#aec7e8"), "fla": ("#ff7f0e", "#ffbb78")}   #
 def _bars(launches_by_lib: Mapping[str, Sequence[Launch]], rows: int) -> list[go.Bar]:
     """One bar segment per launch: x = "<lib> <pass>", height = bytes per (batch, head, token)."""
     out = []
-    for lib, launches in launches_by_lib.items():
-        for phase in ("fwd", "bwd"):
+    for phase in ("fwd", "bwd"):                          # bars side by side per pass: attnlib, then fla
+        for lib, launches in launches_by_lib.items():
             for i, ln in enumerate(x for x in launches if x.phase == phase):
                 programs = f"<br>{ln.programs} programs" if ln.programs else ""
                 out.append(go.Bar(
@@ -36,8 +36,9 @@ def _bars(launches_by_lib: Mapping[str, Sequence[Launch]], rows: int) -> list[go
 
 def launch_bytes_figure(per_shape: Mapping[str, Mapping[str, Sequence[Launch]]], *, title: str) -> go.Figure:
     """``per_shape[shape][lib]``: the launches of ``lib`` at ``shape`` (``"BxHxTxD"``, forward then
-    backward). Bars "attnlib fwd", "fla fwd", "attnlib bwd", "fla bwd", stacked by launch (hover: kernel,
-    MB, programs), in bytes per (batch, head, token) so that shapes compare; one slider step per shape."""
+    backward). Bars "attnlib fwd", "fla fwd", "attnlib bwd", "fla bwd" in that order, stacked by launch
+    (hover: kernel, MB, programs), in bytes per (batch, head, token) so that shapes compare; one slider
+    step per shape."""
     if not per_shape:
         raise ValueError("per_shape is empty: no shape to draw")
     bars = {}
