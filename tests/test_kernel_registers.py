@@ -121,7 +121,7 @@ def test_flash_autotune_candidates_fit_and_spill_no_registers_on_every_target():
     several widths is compiled at the widest only (``--widest-only``: no configuration needed fewer
     registers at a narrower head), and each run takes one causality and dtype: bf16 and fp16 give the
     same registers, causal and non-causal within a few registers and the same spills, in the full
-    measurement (``scripts/kernel_resources.py --every-config --sm 80 89 90``) behind the tables."""
+    measurement (``scripts/kernel_report.py --spill-tables``) behind the tables."""
     from attnlib.kernels.common.launch import SHARED_MEMORY
 
     quick = ("--widest-only", "--workloads")

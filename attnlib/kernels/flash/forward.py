@@ -42,8 +42,8 @@ Tiles on a GPU are autotuned (keyed on the head dims, causality, and the power-o
 length so that a new length does not re-tune) among the candidates ``launch.pruner`` keeps for the
 device: those whose shared memory (:func:`fwd_smem`) fits what the device offers, and, in half
 precision, that ptxas did not show spilling registers at the call's head width on that GPU generation
-(``_FWD_SPILLS``, measured for sm_80, sm_89 and sm_90 by ``scripts/kernel_resources.py --sm``). Under
-the interpreter (``TRITON_INTERPRET=1``) autotuning is bypassed: one small fixed configuration, so CPU
+(``_FWD_SPILLS``, measured for sm_80, sm_89 and sm_90 by ``scripts/kernel_report.py --spill-tables``).
+Under the interpreter (``TRITON_INTERPRET=1``) autotuning is bypassed: one small fixed configuration, so CPU
 tests stay fast.
 """
 
@@ -146,11 +146,10 @@ FWD_BLOCKS = {"Q": ("BLOCK_M", "BLOCK_D"), "K": ("BLOCK_N", "BLOCK_D"), "V": ("B
 _FWD_CONFIGS = configs([(128, 128, 8, 2), (128, 128, 8, 3), (128, 64, 8, 3), (128, 64, 4, 3), (128, 64, 8, 2),
                         (64, 64, 4, 3), (64, 64, 4, 2), (64, 32, 4, 3), (64, 32, 4, 1), (32, 16, 4, 1)], FWD_BLOCKS)
 
-# Register spills measured with ptxas -v at D = 64, 128, 256 (``scripts/kernel_resources.py --sm 80 89 90
-# --every-config --spill-tables``, bf16 -- fp16 gives the same registers --, causal and not, on sm_90
-# through descriptors and through pointers; every row is in
-# benchmarks/results/flash_autotune_candidates.json): configuration -> the narrowest head block at which
-# it spilled, per target family. 128 x 64 with 4 warps holds a [128, D] fp32 accumulator in 128
+# Register spills measured with ptxas -v at D = 64, 128, 256 (``scripts/kernel_report.py --spill-tables``:
+# bf16 -- fp16 gives the same registers --, causal and not, both backward forms, on sm_90 through
+# descriptors and through pointers): configuration -> the narrowest head block at which it spilled, per
+# target family. 128 x 64 with 4 warps holds a [128, D] fp32 accumulator in 128
 # threads: 255 registers and 164-272 B of spill stores at D = 128 on sm_80/sm_89, up to 232 B on
 # sm_90; its 8-warp twin (138-244 registers at D = 128) takes its place. On sm_80/sm_89 (mma.sync) the
 # 128 x 128 tiles spill at D = 128 (12-72 B) and every tile of 64 keys or more at D = 256 (4 B to
