@@ -52,13 +52,14 @@ def _shifted_cost(C: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _check_marginal(solver: str, name: str, got: torch.Tensor, want: torch.Tensor, claimed: float,
-                    dtype: torch.dtype, n_terms: int) -> None:
+                    dtype: torch.dtype, n_terms: int, exponent: float = 0.0) -> None:
     """Refuse to return a plan whose marginal misses by more than the solver's own last residual
-    (``claimed``) plus rounding (of the returned dtype, and of a sum of ``n_terms`` in the
-    accumulation dtype) -- a plan that is not what it says it is."""
+    (``claimed``) plus rounding -- of the returned dtype, of a sum of ``n_terms`` in the accumulation
+    dtype, and of each entry ``exp(x)`` whose argument, of size up to ``exponent``, carries a rounding
+    error of about ``exponent`` units in the last place -- a plan that is not what it says it is."""
     err = (got - want).abs().max().item() if got.numel() else 0.0
     scale = 1.0 + (want.abs().max().item() if want.numel() else 0.0)
-    slack = (4 * torch.finfo(dtype).eps + n_terms * torch.finfo(got.dtype).eps) * scale
+    slack = (4 * torch.finfo(dtype).eps + (n_terms + exponent) * torch.finfo(got.dtype).eps) * scale
     if not err <= claimed + slack:                      # also catches NaN
         raise FloatingPointError(
             f"{solver}: the plan's {name} marginal misses by {err:.3g}, more than the solver's residual "
@@ -233,8 +234,11 @@ def sinkhorn(C: torch.Tensor, eps: float, a: torch.Tensor | None = None, b: torc
     P = torch.exp((f.unsqueeze(-1) + g.unsqueeze(-2) - Cs) / eps)
     out = P.to(C.dtype)
     back = out.to(acc)
-    _check_marginal("sinkhorn", "row", back.sum(-1), a.expand_as(back[..., 0]), errs[-1], C.dtype, Nk)
-    _check_marginal("sinkhorn", "column", back.sum(-2), b.expand_as(back[..., 0, :]), 0.0, C.dtype, Nq)
+    # exp((f + g - C) / eps): the argument's rounding error grows with f, g and C over eps.
+    exponent = ((f.abs().amax() + g.abs().amax() + Cs.abs().amax()) / eps).item() if Cs.numel() else 0.0
+    _check_marginal("sinkhorn", "row", back.sum(-1), a.expand_as(back[..., 0]), errs[-1], C.dtype, Nk, exponent)
+    _check_marginal("sinkhorn", "column", back.sum(-2), b.expand_as(back[..., 0, :]), 0.0, C.dtype, Nq,
+                    exponent)
     f = f + row_min.squeeze(-1)                                        # the potential of the unshifted C
     if return_potentials:
         return out, f.to(C.dtype), g.to(C.dtype), it
