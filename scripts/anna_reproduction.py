@@ -31,12 +31,18 @@ from _common import device_name, versions  # noqa: E402  (the benchmarks' record
 
 from attnlib.experiments import anna as ex  # noqa: E402
 
-# The grids the paper sweeps [secondary]: Match2 l = 1..16, z = 1..6; induction layer 1 l = 32..96,
-# layer 2 l = 4..32, z = 1..4. We add l = 32 for Match2 to see where the error goes past the paper's range.
+# The paper sweeps [secondary] Match2 l = 1..16, z = 1..6, and induction layer 1 l = 32..96, layer 2
+# l = 4..32, z = 1..4. Those grids cannot answer whether hashing can serve a trained model: in the many-table
+# limit z is an inverse temperature (chapter 5), a sharp plan needs a large z, and the tables needed to
+# see a partner at one-hash collision probability p grow like p^-z. So the grids go on to z = 24 and
+# l = 4096 (Match2 is cheap: ANNA counted per symbol) and to z = 16, l = 256 per layer (induction), and
+# every run also records the l -> infinity limit per z.
 GRIDS = {
-    "match2": dict(ls=[1, 2, 4, 8, 16, 32], zs=[1, 2, 3, 4, 5, 6], n_eval=1000, n_hash_seeds=2),
-    # the causal reference at B=100, T=100 takes 1-3 s per layer on a CPU: a smaller grid, one table draw
-    "induction": dict(ls=[(32, 4), (32, 32), (96, 8), (96, 32)], zs=[1, 2, 3, 4], n_eval=100, n_hash_seeds=1),
+    "match2": dict(ls=[2 ** i for i in range(13)], zs=[1, 2, 3, 4, 5, 6, 8, 10, 12, 14, 16, 20, 24],
+                   n_eval=1000, n_hash_seeds=4),
+    # the causal reference at B=100, T=100 takes seconds per layer at l = 256 on a CPU: one table draw
+    "induction": dict(ls=[(32, 4), (32, 32), (96, 8), (96, 32), (256, 256)], zs=[1, 2, 3, 4, 6, 8, 12, 16],
+                      n_eval=100, n_hash_seeds=1),
 }
 SURROGATE_BITS = 4          # z of the SimHash-limit surrogate's kernel (the grid's middle)
 

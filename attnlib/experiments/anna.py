@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from ..anna import (
     anna_attention,
     anna_collision_counts,
+    anna_weights_from_counts,
     lsh_codes,
     lsh_projections,
     simhash_collision_probability,
@@ -237,11 +238,16 @@ class SurrogateLayer(nn.Module):
         """The stand-in's attention logits for unit ``q, k`` (before any causal mask)."""
         return surrogate_logits(q, k, self.surrogate, beta=self.log_beta.exp(), n_bits=self.n_bits)
 
-    def forward(self, h: torch.Tensor, anna: tuple[int, int, int] | None = None) -> torch.Tensor:
+    def forward(self, h: torch.Tensor, anna=None) -> torch.Tensor:
+        """``anna``: ``None`` (the stand-in), ``(l, z, seed)`` (ANNA with ``l`` SimHash tables of ``z``
+        bits), ``(math.inf, z, None)`` (the ``l -> infinity`` limit of those weights: softmax of
+        ``z log(1 - theta / pi)``), or a tensor ``w [B, 1, T, T]`` of weights to serve as they are."""
         q, k = self.unit_qk(h)
         v = self.wv(h)[:, None]
-        if anna is None:
-            s = self.logits(q, k)
+        if isinstance(anna, torch.Tensor):
+            return (anna.to(v.dtype) @ v)[:, 0]
+        if anna is None or anna[0] == math.inf:
+            s = self.logits(q, k) if anna is None else surrogate_logits(q, k, "simhash_limit", n_bits=anna[1])
             if self.causal:
                 T = h.shape[1]
                 s = s.masked_fill(~torch.ones(T, T, dtype=torch.bool, device=h.device).tril(), float("-inf"))
@@ -314,9 +320,10 @@ def train_surrogate(task: str, *, steps: int, seed: int, surrogate: str = "softm
 
 
 @torch.no_grad()
-def error_rate(model: TinyModel, task: str, *, n: int, seed: int, anna: list[tuple[int, int, int]] | None = None,
+def error_rate(model: TinyModel, task: str, *, n: int, seed: int, anna: list | None = None,
                device: str | torch.device = "cpu", N: int | None = None, k: int = 1) -> float:
-    """Per-token error of ``model`` on fresh data (its surrogate, or ANNA with per-layer ``(l, z, seed)``)."""
+    """Per-token error of ``model`` on fresh data: its stand-in, or per layer what ``SurrogateLayer.forward``
+    takes as ``anna`` (ANNA's ``(l, z, seed)``, the limit ``(math.inf, z, None)``, or weights)."""
     *_, draw = _task(task, N, k)
     was_training = model.training
     model.eval()
@@ -347,32 +354,69 @@ def match2_partner_geometry(model: TinyModel) -> dict:
     return dict(partner_cos=partner.cpu(), max_other_cos=others.max(-1).values.cpu())
 
 
+@torch.no_grad()
+def match2_anna_weights(model: TinyModel, x: torch.Tensor, n_tables: int, n_bits: int, seed: int) -> torch.Tensor:
+    """The weights ``w [n, 1, N, N]`` that ANNA (SimHash, ``n_tables`` tables of ``n_bits`` bits, tables
+    drawn from ``seed``) gives a one-layer Match2 model on the sequences ``x [n, N]``, computed per symbol.
+
+    Without positions, a token's unit query and key depend on its symbol alone, so whether ``q_i`` and
+    ``k_j`` share a bucket of a table depends only on ``(x_i, x_j)``: hash the ``M`` symbols' queries and
+    keys once, count ``C[a, b]`` = tables in which query ``a`` meets key ``b``, and read
+    ``m_ij = C[x_i, x_j]``, ``w_ij = m_ij / sum_j' m_ij'`` (the definition, ``anna_weights_from_counts``).
+    It costs ``O(l M^2)`` instead of ``O(l n N D)``, which is what lets the reproduction sweep ``l`` into
+    the thousands; a test checks it against ``anna_attention`` on the sequences themselves."""
+    _check_match2_model(model, "match2_anna_weights")
+    q, k = model.attn[0].unit_qk(model.emb.weight[None])                       # [1, 1, M, d]
+    proj = lsh_projections("simhash", n_tables, n_bits, q.shape[-1], seed)
+    C = anna_collision_counts(lsh_codes(q, proj, "simhash"), lsh_codes(k, proj, "simhash"))[0, 0]
+    x = x.to(C.device)
+    m = C[x[:, :, None], x[:, None, :]]                                        # [n, N, N]
+    return anna_weights_from_counts(m, dtype=torch.float32)[:, None]
+
+
 def anna_error_grid(model: TinyModel, task: str, ls, zs, *, n: int, seed: int, n_hash_seeds: int = 2,
                     device: str | torch.device = "cpu", N: int | None = None, k: int = 1) -> torch.Tensor:
     """``[len(ls), len(zs)]`` error of the model distilled into ANNA: every attention layer replaced by
     ``anna_attention`` with ``n_tables = l`` (``ls`` holds one ``l`` per layer as a tuple when the
-    model has several layers) and ``n_bits = z``; averaged over ``n_hash_seeds`` draws of the tables."""
+    model has several layers) and ``n_bits = z``; averaged over ``n_hash_seeds`` draws of the tables.
+    For Match2 the weights come from ``match2_anna_weights`` (the same operator, counted per symbol)."""
     out = torch.zeros(len(ls), len(zs), dtype=torch.float64)
+    *_, draw = _task(task, N, k)
+    x = draw(n, seed)[0]
     for a, l in enumerate(ls):
         per_layer = l if isinstance(l, tuple) else (l,) * len(model.attn)
         for b, z in enumerate(zs):
-            errs = [error_rate(model, task, n=n, seed=seed, device=device, N=N, k=k,
-                               anna=[(li, z, seed + 7919 * h + 104729 * i) for i, li in enumerate(per_layer)])
-                    for h in range(n_hash_seeds)]
+            errs = []
+            for h in range(n_hash_seeds):
+                serve = [(li, z, seed + 7919 * h + 104729 * i) for i, li in enumerate(per_layer)]
+                if task == "match2":
+                    serve = [match2_anna_weights(model, x, *serve[0]).to(device)]
+                errs.append(error_rate(model, task, n=n, seed=seed, device=device, N=N, k=k, anna=serve))
             out[a, b] = sum(errs) / len(errs)
     return out
+
+
+def limit_error(model: TinyModel, task: str, zs, *, n: int, seed: int, device: str | torch.device = "cpu",
+                N: int | None = None, k: int = 1) -> list[float]:
+    """Per ``z``: the error of the model served the ``l -> infinity`` limit of ANNA's weights in every
+    layer (softmax of ``z log(1 - theta / pi)`` on its unit queries and keys) -- where the columns of
+    ``anna_error_grid`` go as ``l`` grows, whatever the model was trained through."""
+    return [error_rate(model, task, n=n, seed=seed, device=device, N=N, k=k,
+                       anna=[(math.inf, z, None)] * len(model.attn)) for z in zs]
 
 
 def distillation_row(model: TinyModel, task: str, ls, zs, *, n: int, seed: int, n_hash_seeds: int,
                      device: str | torch.device = "cpu") -> dict:
     """What a reproduction run records of one trained model: its stand-in's error, the distilled error
-    grid over ``(ls, zs)`` (``anna_error_grid``), the learned temperatures of a softmax stand-in, and for
+    grid over ``(ls, zs)`` (``anna_error_grid``), the error at ``l -> infinity`` per ``z``
+    (``limit_error``), the learned temperatures of a softmax stand-in, and for
     Match2 the partner geometry's means; every error on the same ``n`` sequences drawn from ``seed``."""
     layer = model.attn[0]
     row = {"surrogate": layer.surrogate,
            "surrogate_error": error_rate(model, task, n=n, seed=seed, device=device),
            "anna_error": anna_error_grid(model, task, ls, zs, n=n, seed=seed, n_hash_seeds=n_hash_seeds,
-                                         device=device).tolist()}
+                                         device=device).tolist(),
+           "limit_error": limit_error(model, task, zs, n=n, seed=seed, device=device)}
     if task == "match2":
         geo = match2_partner_geometry(model)
         row["partner_cos_mean"] = geo["partner_cos"].mean().item()
@@ -385,7 +429,8 @@ def distillation_row(model: TinyModel, task: str, ls, zs, *, n: int, seed: int, 
 def summarise_reproduction(doc: dict) -> dict:
     """Mean and standard deviation over seeds of a reproduction run (the JSON that
     ``scripts/anna_reproduction.py`` writes, or the same structure built in a lab), per surrogate:
-    ``surrogate_error`` and ``anna_error`` (``[len(ls), len(zs)]``), ``best_z_error`` (per ``l``, the
+    ``surrogate_error``, ``anna_error`` (``[len(ls), len(zs)]``), ``limit_error`` (``[len(zs)]``, when
+    recorded), ``best_z_error`` (per ``l``, the
     best ``z`` of each seed's grid, then mean and std), and the seeds counted."""
     out = {}
     for surrogate in SURROGATES:
@@ -399,6 +444,9 @@ def summarise_reproduction(doc: dict) -> dict:
         out[surrogate] = dict(n_seeds=len(rows), surrogate_error=(soft.mean().item(), sd(soft).item()),
                               anna_error_mean=grid.mean(0), anna_error_std=sd(grid),
                               best_z_error_mean=best.mean(0), best_z_error_std=sd(best))
+        if "limit_error" in rows[0]:
+            lim = torch.tensor([r["limit_error"] for r in rows], dtype=torch.float64)     # [seeds, zs]
+            out[surrogate].update(limit_error_mean=lim.mean(0), limit_error_std=sd(lim))
         if "partner_cos_mean" in rows[0]:
             pc = torch.tensor([r["partner_cos_mean"] for r in rows], dtype=torch.float64)
             oc = torch.tensor([r["max_other_cos_mean"] for r in rows], dtype=torch.float64)
