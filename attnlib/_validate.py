@@ -118,12 +118,27 @@ def check_positive(name: str, value, *, allow_none: bool = False) -> float | Non
     return float(value)
 
 
-def check_int(name: str, value, *, lo: int) -> int:
-    """An int (not a bool) ``>= lo``."""
+def check_int(name: str, value, *, lo: int, hi: int | None = None, why: str = "") -> int:
+    """An int (not a bool; a NumPy or torch integer scalar is accepted and returned as an int) in
+    ``[lo, hi]`` (no upper bound when ``hi`` is None); ``why`` is appended to the range in the message."""
     if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int; got {type(value).__name__}")
-    if value < lo:
-        raise ValueError(f"{name} must be >= {lo}; got {value}")
+        if isinstance(value, torch.Tensor) and value.dim() == 0 and not value.dtype.is_floating_point \
+                and value.dtype != torch.bool:
+            value = int(value)
+        elif type(value).__module__ == "numpy" and hasattr(value, "dtype") and value.dtype.kind in "iu":
+            value = int(value)
+        else:
+            raise TypeError(f"{name} must be an int; got {type(value).__name__} {value!r}")
+    if value < lo or (hi is not None and value > hi):
+        span = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
+        raise ValueError(f"{name} must be {span}{why}; got {value}")
+    return value
+
+
+def check_bool(name: str, value) -> bool:
+    """A bool, not merely something truthy (``return_weights="no"`` is a mistake, not a yes)."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool (True or False); got {type(value).__name__} {value!r}")
     return value
 
 

@@ -202,14 +202,6 @@ def _anna_attention_triton(q, k, v, proj, *, family: str, causal: bool) -> torch
 # The public op
 # ----------------------------------------------------------------------------------------------
 
-def _check_int(name: str, value, lo: int, hi: int, why: str = "") -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int; got {type(value).__name__}")
-    if not lo <= value <= hi:
-        raise ValueError(f"{name} must be in [{lo}, {hi}]{why}; got {value}")
-    return value
-
-
 def _check_inputs(q, k, v, causal: bool) -> tuple[int, int, int, int, int, int]:
     for name, t in (("q", q), ("k", k), ("v", v)):
         _validate.check_tensor(name, t, ndim=4)
@@ -249,19 +241,16 @@ def anna_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, n_table
     require grad (with grad mode on) raise, naming the surrogate to train instead.
     """
     B, H, Tq, Tk, D, Dv = _check_inputs(q, k, v, causal)
-    _check_int("n_tables", n_tables, 1, 4096)
+    _validate.check_int("n_tables", n_tables, lo=1, hi=4096)
     if not isinstance(family, str) or family not in FAMILIES:
         raise ValueError(f"family must be one of {FAMILIES}; got {family!r}")
     nb_max = max_n_bits(family, D)
-    _check_int("n_bits", n_bits, 1, nb_max,
-               "" if family == "simhash" else f" (cross-polytope at D={D}: {bits_per_hash(family, D):.1f} bits "
-                                              "per hash, the table key must fit in 62 bits)")
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise TypeError(f"seed must be an int; got {type(seed).__name__}")
-    if seed < 0:
-        raise ValueError(f"seed must be >= 0; got {seed}")
-    if not isinstance(causal, bool):
-        raise TypeError(f"causal must be a bool; got {type(causal).__name__}")
+    why = "" if family == "simhash" else (f" (cross-polytope at D={D}: {bits_per_hash(family, D):.1f} bits per "
+                                          "hash, the table key must fit in 62 bits)")
+    _validate.check_int("n_bits", n_bits, lo=1, hi=nb_max, why=why)
+    _validate.check_int("seed", seed, lo=0)
+    _validate.check_bool("causal", causal)
+    _validate.check_bool("return_weights", return_weights)
     if return_weights and Tq * Tk > MAX_WEIGHT_ENTRIES:
         raise ValueError(f"return_weights=True builds the Tq x Tk weight matrix; Tq * Tk = {Tq * Tk} exceeds "
                          f"{MAX_WEIGHT_ENTRIES} (2^24): use return_weights=False at this length")

@@ -31,14 +31,6 @@ def _check_cost(C) -> torch.Tensor:
     return C
 
 
-def _check_iterations(name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int; got {type(value).__name__}")
-    if value < 1:
-        raise ValueError(f"{name} must be a positive int; got {value!r}")
-    return value
-
-
 def _shifted_cost(C: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``C`` in the accumulation dtype with each row's minimum subtracted, and those minima.
 
@@ -134,7 +126,7 @@ def solve_one_sided(C: torch.Tensor, eps: float, *, method: str = "newton", tol:
     if method not in ("newton", "mirror"):
         raise ValueError(f"method must be 'newton' or 'mirror'; got {method!r}")
     tol = _validate.check_positive("tol", tol)
-    max_iter = _check_iterations("max_iter", max_iter)
+    max_iter = _validate.check_int("max_iter", max_iter, lo=1)
     if not isinstance(return_history, bool):
         raise TypeError(f"return_history must be a bool; got {type(return_history).__name__}")
     Cs, _ = _shifted_cost(C)                                           # min_j c_j = 0 in every row
@@ -216,7 +208,7 @@ def sinkhorn(C: torch.Tensor, eps: float, a: torch.Tensor | None = None, b: torc
     a, b = a.to(acc), b.to(acc)
     if not torch.allclose(a.sum(-1), b.sum(-1), rtol=1e-6, atol=0):
         raise ValueError(f"a and b must carry the same total mass; got {a.sum(-1)} and {b.sum(-1)}")
-    n_iter = _check_iterations("n_iter", n_iter)
+    n_iter = _validate.check_int("n_iter", n_iter, lo=1)
     tol = _validate.check_positive("tol", tol)
     Cs, row_min = _shifted_cost(C)
     log_a, log_b = a.log(), b.log()

@@ -97,8 +97,7 @@ def plucker_relations(p: torch.Tensor, r: int) -> torch.Tensor:
     Args: ``p: [..., C(r, 2)]``; ``r >= 2``.  Returns: ``[..., C(r, 4)]``.
     """
     _validate.check_tensor("p", p, min_ndim=1)
-    if isinstance(r, bool) or not isinstance(r, int) or r < 2:
-        raise ValueError(f"r must be an int >= 2; got {r!r}")
+    r = _validate.check_int("r", r, lo=2)
     if p.shape[-1] != n_pairs(r):
         raise ValueError(f"p has shape {tuple(p.shape)}; expected a last dim C({r}, 2) = {n_pairs(r)}")
     col = torch.full((r, r), -1, dtype=torch.long)
@@ -350,10 +349,8 @@ class CausalGrassmannMixing(nn.Module):
                  norm: str = "post", *, eps: float = 1e-6, pairing: str = "causal", mode: str = "collapsed",
                  backend: str = "auto"):
         super().__init__()
-        if isinstance(d_model, bool) or not isinstance(d_model, int) or d_model < 1:
-            raise ValueError(f"d_model must be a positive int; got {d_model!r}")
-        if isinstance(reduced_dim, bool) or not isinstance(reduced_dim, int) or reduced_dim < 2:
-            raise ValueError(f"reduced_dim must be an int >= 2 (a plane needs two dimensions); got {reduced_dim!r}")
+        d_model = _validate.check_int("d_model", d_model, lo=1)
+        reduced_dim = _validate.check_int("reduced_dim", reduced_dim, lo=2, why=" (a plane needs two dimensions)")
         if norm not in NORMS:
             raise ValueError(f"norm must be one of {NORMS}; got {norm!r}")
         if pairing not in PAIRINGS:

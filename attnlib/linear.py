@@ -85,13 +85,9 @@ class FavorPlus:
 
     def __init__(self, dim: int, num_features: int | None = None, seed: int = 0, *,
                  orthogonal: bool = True):
-        if isinstance(dim, bool) or not isinstance(dim, int) or dim < 1:
-            raise ValueError(f"dim must be a positive int; got {dim!r}")
-        m = dim if num_features is None else num_features
-        if isinstance(m, bool) or not isinstance(m, int) or m < 1:
-            raise ValueError(f"num_features must be a positive int; got {num_features!r}")
-        if isinstance(seed, bool) or not isinstance(seed, int):
-            raise TypeError(f"seed must be an int; got {type(seed).__name__}")
+        dim = _validate.check_int("dim", dim, lo=1)
+        m = _validate.check_int("num_features", dim if num_features is None else num_features, lo=1)
+        seed = _validate.check_int("seed", seed, lo=0)
         self.dim, self.num_features, self.seed, self.orthogonal = dim, m, seed, orthogonal
         g = torch.Generator().manual_seed(seed)
         if orthogonal:

@@ -79,10 +79,6 @@ def _check_M(M) -> float:
     return float(M)
 
 
-def _check_int(name: str, value, lo: int) -> int:
-    return _validate.check_int(name, value, lo=lo)
-
-
 def _check_float_dtype(dtype) -> torch.dtype:
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise TypeError(f"dtype must be a floating-point torch.dtype (the vectors are scaled by "
@@ -116,9 +112,9 @@ def plant(T: int, d: int, i: int, j: int, M: float, *, scale: float | None = Non
     ``a`` and ``b`` are chosen equal, so the vectors' entries stay ``O(sqrt(M))`` (finite in fp16 up to
     ``M`` around 1e8).
     """
-    T, d = _check_int("T", T, 2), _check_int("d", d, 1)
+    T, d = _validate.check_int("T", T, lo=2), _validate.check_int("d", d, lo=1)
     M = _check_M(M)
-    i, j = _check_int("i", i, 0), _check_int("j", j, 0)
+    i, j = _validate.check_int("i", i, lo=0), _validate.check_int("j", j, lo=0)
     if not (i < T and j < T):
         raise ValueError(f"the planted pair (i={i}, j={j}) must lie in [0, {T})")
     dtype = _check_float_dtype(dtype)
@@ -168,7 +164,7 @@ def needle_mass(T: int, M: float) -> float:
     """``pi(M) = e^M / (e^M + T - 1)``: the weight the exact row puts on the needle (``T >= 1`` keys,
     any finite ``M``). Evaluated as the logistic function of ``M - log(T - 1)``, which neither
     overflows nor loses the small masses."""
-    T, M = _check_int("T", T, 1), _check_score(M)
+    T, M = _validate.check_int("T", T, lo=1), _check_score(M)
     if T == 1:
         return 1.0                                          # the needle is the only key
     x = M - math.log(T - 1)
@@ -180,8 +176,8 @@ def uniform_miss_error(T: int, n_seen: int, M: float) -> float:
     none of them the needle, all with score 0: ``2 - 2 (1 - pi) n_seen / (T - 1)``.
 
     Needs ``T >= 2`` (a needle and a haystack) and ``0 <= n_seen <= T - 1``."""
-    T = _check_int("T", T, 2)
-    n_seen = _check_int("n_seen", n_seen, 0)
+    T = _validate.check_int("T", T, lo=2)
+    n_seen = _validate.check_int("n_seen", n_seen, lo=0)
     if n_seen > T - 1:
         raise ValueError(f"n_seen must be <= T - 1 = {T - 1} (the keys other than the needle); got {n_seen}")
     return 2.0 - 2.0 * (1.0 - needle_mass(T, M)) * n_seen / (T - 1)
@@ -247,9 +243,9 @@ class Algorithm:
     summary = ""              # one line: what it inspects
 
     def __init__(self, *, T: int, d: int, seed: int = 0):
-        self.T = _check_int("T", T, 8)
-        self.d = _check_int("d", d, 2)
-        self.seed = _check_int("seed", seed, 0)
+        self.T = _validate.check_int("T", T, lo=8)
+        self.d = _validate.check_int("d", d, lo=2)
+        self.seed = _validate.check_int("seed", seed, lo=0)
         self.scale = 1.0 / math.sqrt(d)
 
     def __repr__(self) -> str:
@@ -303,7 +299,7 @@ class SlidingWindow(Algorithm):
 
     def __init__(self, *, T, d, seed=0, window: int | None = None):
         super().__init__(T=T, d=d, seed=seed)
-        self.window = _check_int("window", _sqrt_T(T) if window is None else window, 0)
+        self.window = _validate.check_int("window", _sqrt_T(T) if window is None else window, lo=0)
 
     def _mask(self, q2, k2):
         return _offsets(self.T).abs() <= self.window
@@ -317,7 +313,7 @@ class Strided(Algorithm):
 
     def __init__(self, *, T, d, seed=0, stride: int | None = None):
         super().__init__(T=T, d=d, seed=seed)
-        self.stride = _check_int("stride", _sqrt_T(T) if stride is None else stride, 1)
+        self.stride = _validate.check_int("stride", _sqrt_T(T) if stride is None else stride, lo=1)
 
     def _mask(self, q2, k2):
         diff = _offsets(self.T)
@@ -334,7 +330,7 @@ class RandomKeys(Algorithm):
     def __init__(self, *, T, d, seed=0, n_samples: int | None = None):
         super().__init__(T=T, d=d, seed=seed)
         s = n_samples if n_samples is not None else 2 * _sqrt_T(T)
-        self.n_samples = min(_check_int("n_samples", s, 1), T)
+        self.n_samples = min(_validate.check_int("n_samples", s, lo=1), T)
         g = torch.Generator().manual_seed(seed)
         idx = torch.rand(T, T, generator=g).argsort(-1)[:, :self.n_samples]
         self._coins = torch.zeros(T, T, dtype=torch.bool).scatter_(1, idx, True)
@@ -370,8 +366,8 @@ class IndexerTopK(Algorithm):
         self.block_size = _validate.check_power_of_two("block_size", block_size, lo=1, hi=1024)
         self.nb = n_blocks(T, block_size)
         k_default = max(1, math.ceil(math.sqrt(self.nb)))
-        self.top_k = _check_int("top_k", top_k if top_k is not None else k_default, 1)
-        self.rank = _check_int("rank", rank if rank is not None else max(1, d // 4), 1)
+        self.top_k = _validate.check_int("top_k", top_k if top_k is not None else k_default, lo=1)
+        self.rank = _validate.check_int("rank", rank if rank is not None else max(1, d // 4), lo=1)
         if self.rank >= d:
             raise ValueError(f"rank must be < d={d} (a cheap indexer); got {self.rank}")
         self.backend = backend
@@ -448,10 +444,10 @@ class LSHBuckets(Algorithm):
     def __init__(self, *, T, d, seed=0, n_buckets: int | None = None, n_rounds: int = 2):
         super().__init__(T=T, d=d, seed=seed)
         nb = n_buckets if n_buckets is not None else max(2, 2 * round(math.sqrt(T) / 2))
-        self.n_buckets = _check_int("n_buckets", nb, 2)
+        self.n_buckets = _validate.check_int("n_buckets", nb, lo=2)
         if self.n_buckets % 2:
             raise ValueError(f"n_buckets must be even (buckets come in +/- pairs); got {nb}")
-        self.n_rounds = _check_int("n_rounds", n_rounds, 1)
+        self.n_rounds = _validate.check_int("n_rounds", n_rounds, lo=1)
         g = torch.Generator().manual_seed(seed)
         self.R = torch.randn(self.n_rounds, d, self.n_buckets // 2, generator=g, dtype=_ACC)
         self._pairs: dict = {}
@@ -528,7 +524,7 @@ class Performer(Algorithm):
 
     def __init__(self, *, T, d, seed=0, n_features: int = 64):
         super().__init__(T=T, d=d, seed=seed)
-        self.m = _check_int("n_features", n_features, 1)
+        self.m = _validate.check_int("n_features", n_features, lo=1)
         g = torch.Generator().manual_seed(seed)
         self.W = torch.randn(self.m, d, generator=g, dtype=_ACC)
 
@@ -572,7 +568,7 @@ class Linformer(Algorithm):
 
     def __init__(self, *, T, d, seed=0, rank: int = 8, projection: str = "pool"):
         super().__init__(T=T, d=d, seed=seed)
-        self.rank = _check_int("rank", rank, 1)
+        self.rank = _validate.check_int("rank", rank, lo=1)
         if self.rank > T // 2:
             raise ValueError(f"rank must be <= T/2 = {T // 2} (low rank); got {rank}")
         if projection not in ("pool", "gaussian"):
@@ -619,8 +615,8 @@ class NormScreen(Algorithm):
     def __init__(self, *, T, d, seed=0, window: int | None = None, top_c: int | None = None):
         super().__init__(T=T, d=d, seed=seed)
         r = _sqrt_T(T)
-        self.window = _check_int("window", window if window is not None else r, 0)
-        self.top_c = min(_check_int("top_c", top_c if top_c is not None else r, 1), T)
+        self.window = _validate.check_int("window", window if window is not None else r, lo=0)
+        self.top_c = min(_validate.check_int("top_c", top_c if top_c is not None else r, lo=1), T)
 
     def _mask(self, q2, k2):
         band = _offsets(self.T).abs() <= self.window
@@ -678,8 +674,8 @@ def bounded_case(T: int, d: int, beta: float, *, seed: int = 0, dtype=torch.floa
     """Random inputs whose scores are bounded: ``q_i, k_j`` uniform on spheres of radius
     ``sqrt(beta / scale)``, so ``|scale q_i . k_j| <= beta`` (Cauchy-Schwarz); values ``v ~ N(0, 1)``.
     Returns ``(q, k, v)`` of shape ``[1, 1, T, d]`` in ``dtype`` (a floating-point dtype)."""
-    T, d = _check_int("T", T, 1), _check_int("d", d, 1)
-    seed = _check_int("seed", seed, 0)
+    T, d = _validate.check_int("T", T, lo=1), _validate.check_int("d", d, lo=1)
+    seed = _validate.check_int("seed", seed, lo=0)
     dtype = _check_float_dtype(dtype)
     beta = _validate.check_positive("beta", beta)
     g = torch.Generator().manual_seed(seed)

@@ -261,9 +261,9 @@ def test_receptive_field_is_max_offset_times_depth():
 
 # -------------------------------------------------------------------------------------- bad input
 
-@pytest.mark.parametrize("r", [0, 1, 1.5, True])
-def test_reduced_dim_below_two_is_refused(r):
-    with pytest.raises(ValueError, match="reduced_dim"):
+@pytest.mark.parametrize("r,error", [(0, ValueError), (1, ValueError), (1.5, TypeError), (True, TypeError)])
+def test_reduced_dim_below_two_or_not_an_int_is_refused(r, error):
+    with pytest.raises(error, match="reduced_dim"):
         CausalGrassmannMixing(8, reduced_dim=r)
 
 

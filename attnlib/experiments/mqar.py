@@ -27,6 +27,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .. import _validate
+
 MIXERS = ("softmax", "linear", "deltanet", "gated_deltanet")
 IGNORE = -100
 
@@ -41,13 +43,11 @@ def mqar_batch(batch: int, n_pairs: int, *, n_keys: int = 64, n_values: int = 64
     Vocabulary size: ``n_keys + n_values``.
     """
     for name, val in (("batch", batch), ("n_pairs", n_pairs), ("n_keys", n_keys), ("n_values", n_values)):
-        if isinstance(val, bool) or not isinstance(val, int) or val < 1:
-            raise ValueError(f"{name} must be a positive int; got {val!r}")
+        _validate.check_int(name, val, lo=1)
     if n_pairs > n_keys:
         raise ValueError(f"n_pairs={n_pairs} distinct keys need n_keys >= n_pairs; got n_keys={n_keys}")
     n_queries = n_pairs if n_queries is None else n_queries
-    if isinstance(n_queries, bool) or not isinstance(n_queries, int) or not 1 <= n_queries <= n_pairs:
-        raise ValueError(f"n_queries must be an int in [1, n_pairs={n_pairs}]; got {n_queries!r}")
+    _validate.check_int("n_queries", n_queries, lo=1, hi=n_pairs, why=" (at most n_pairs)")
     keys = torch.rand(batch, n_keys, generator=generator).argsort(-1)[:, :n_pairs]        # distinct
     values = n_keys + torch.randint(0, n_values, (batch, n_pairs), generator=generator)
     which = torch.rand(batch, n_pairs, generator=generator).argsort(-1)[:, :n_queries]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .. import _validate
 from ..deltanet import delta_rule
 from ..linear import linear_attention
 
@@ -35,14 +36,10 @@ def associative_recall(num_pairs: int, dim: int, *, rule: str = "linear", beta: 
     """
     if rule not in RULES:
         raise ValueError(f"rule must be one of {RULES}; got {rule!r}")
-    if not isinstance(num_pairs, int) or num_pairs < 1:
-        raise ValueError(f"num_pairs must be a positive int; got {num_pairs!r}")
-    if not isinstance(dim, int) or dim < 1:
-        raise ValueError(f"dim must be a positive int; got {dim!r}")
-    if not 0 <= overwrites <= num_pairs:
-        raise ValueError(f"overwrites must be in [0, num_pairs={num_pairs}]; got {overwrites}")
-    if not isinstance(trials, int) or trials < 1:
-        raise ValueError(f"trials must be a positive int; got {trials!r}")
+    num_pairs = _validate.check_int("num_pairs", num_pairs, lo=1)
+    dim = _validate.check_int("dim", dim, lo=1)
+    overwrites = _validate.check_int("overwrites", overwrites, lo=0, hi=num_pairs, why=" (at most num_pairs)")
+    trials = _validate.check_int("trials", trials, lo=1)
     gen = torch.Generator().manual_seed(seed)
     f64 = torch.float64
     acc_sum = err_sum = 0.0
