@@ -337,6 +337,14 @@ def test_reproduction_summary_means_over_seeds_and_figure_has_one_frame_per_surr
     fig = reproduction_figure(summ, [[32, 4], [64, 8]], [1, 2])
     assert len(fig.frames) == 2 and len(fig.layout.sliders[0].steps) == 2
     assert fig.data[0].x == ("32/4", "64/8")
+    for r in rows:                                                   # with the limit: a point at l = ∞
+        r["limit_error"] = [0.25, 0.125]
+    summ = summarise_reproduction({"rows": rows})
+    fig = reproduction_figure(summ, [8, 16], [1, 2], show_zs=[2])
+    assert fig.data[0].x == ("8", "16", "∞") and fig.data[0].y[-1] == pytest.approx(0.125)
+    assert len(fig.frames[0].data) == 2                              # one z line and the stand-in's own
+    with pytest.raises(ValueError, match="show_zs must be a subset"):
+        reproduction_figure(summ, [8, 16], [1, 2], show_zs=[3])
 
 
 def test_plan_figure_has_one_frame_per_setting_and_anna_rows_sum_to_one_or_zero():
@@ -376,3 +384,36 @@ def test_partner_mass_of_the_served_plan_equals_the_own_plan_for_the_simhash_lim
     assert 0 <= own <= 1 and abs(own - served) < 1e-12
     with pytest.raises(ValueError, match="plan must be"):
         match2_partner_mass(model, n=2, seed=1, plan="sparse")
+
+
+def test_layer_served_the_many_table_limit_attends_with_normalised_collision_probabilities():
+    """``anna=(math.inf, z, None)`` serves p(theta)^z / sum_j p(theta)^z, built here from the angles,
+    causal rows cut at the diagonal."""
+    from attnlib.experiments.anna import SurrogateLayer
+    torch.manual_seed(0)
+    for causal in (False, True):
+        layer = SurrogateLayer(8, causal=causal).double()
+        h = torch.randn(2, 7, 8, **F64)
+        with torch.no_grad():
+            got = layer(h, anna=(math.inf, 5, None))
+            q, k = layer.unit_qk(h)
+            p = (1 - torch.arccos((q @ k.transpose(-1, -2)).clamp(-1, 1)) / math.pi) ** 5
+            if causal:
+                p = p.tril()
+            want = ((p / p.sum(-1, keepdim=True)) @ layer.wv(h)[:, None])[:, 0]
+        assert torch.allclose(got, want, rtol=1e-9, atol=1e-12)
+
+
+def test_best_cell_error_searches_only_the_cells_inside_the_bounds():
+    from attnlib.experiments.anna import best_cell_error
+    grid = lambda d: [[0.9, 0.5 + d], [0.4, 0.1 + d]]                     # noqa: E731  ls [8, 64] x zs [2, 16]
+    doc = {"config": {"ls": [8, 64], "zs": [2, 16]},
+           "rows": [dict(surrogate="softmax", anna_error=grid(d)) for d in (0.0, 0.2)]}
+    assert best_cell_error(doc, "softmax") == pytest.approx((0.2, 0.02 ** 0.5))     # bests 0.1, 0.3: sample std
+    assert best_cell_error(doc, "softmax", max_l=16)[0] == pytest.approx(0.6)      # l = 8 only: 0.5, 0.7
+    assert best_cell_error(doc, "softmax", max_z=6)[0] == pytest.approx(0.4)       # z = 2 only
+    doc2 = {"config": {"ls": [[32, 4], [256, 256]], "zs": [2]},
+            "rows": [dict(surrogate="softmax", anna_error=[[0.3], [0.1]])]}
+    assert best_cell_error(doc2, "softmax", max_l=(96, 32)) == (0.3, 0.0)
+    with pytest.raises(ValueError, match="no grid cell"):
+        best_cell_error(doc, "softmax", max_l=4)

@@ -455,6 +455,25 @@ def summarise_reproduction(doc: dict) -> dict:
     return out
 
 
+def best_cell_error(doc: dict, surrogate: str, *, max_l=None, max_z: int | None = None) -> tuple[float, float]:
+    """Mean and standard deviation over seeds of each seed's best distilled error among the grid cells
+    with ``l <= max_l`` (a per-layer tuple for several layers; every layer must be within) and
+    ``z <= max_z`` -- e.g. the paper's grid inside a larger one. ``doc`` as in ``summarise_reproduction``."""
+    ls, zs = doc["config"]["ls"], doc["config"]["zs"]
+    bound = (lambda l: True) if max_l is None else (                              # noqa: E731
+        lambda l: all(a <= b for a, b in zip(l if isinstance(l, (list, tuple)) else (l,),
+                                              max_l if isinstance(max_l, (list, tuple)) else (max_l,))))
+    ia = [a for a, l in enumerate(ls) if bound(l)]
+    ib = [b for b, z in enumerate(zs) if max_z is None or z <= max_z]
+    if not ia or not ib:
+        raise ValueError(f"no grid cell has l <= {max_l} and z <= {max_z}; the grid is ls={ls}, zs={zs}")
+    rows = [r for r in doc["rows"] if r["surrogate"] == surrogate]
+    if not rows:
+        raise ValueError(f"the run has no rows for surrogate {surrogate!r}")
+    best = torch.tensor([min(r["anna_error"][a][b] for a in ia for b in ib) for r in rows], dtype=torch.float64)
+    return best.mean().item(), (best.std().item() if len(rows) > 1 else 0.0)
+
+
 @torch.no_grad()
 def match2_partner_mass(model: TinyModel, *, n: int, seed: int, plan: str = "own", n_bits: int = 4,
                         device: str | torch.device = "cpu") -> float:

@@ -124,29 +124,42 @@ def anna_plan_explorer(q, k, *, tau: float = 0.1, seed: int = 0, max_tables: int
     return W.VBox([W.HBox([l_slider, z_slider, s_slider]), fig])
 
 
-def reproduction_figure(summary: dict, ls, zs, *, title: str = "") -> go.Figure:
+def reproduction_figure(summary: dict, ls, zs, *, show_zs=None, title: str = "") -> go.Figure:
     """Error of the distilled ANNA model against the number of tables ``l``, one line per ``z`` (mean
-    over seeds, error bars one standard deviation), with a slider over the surrogate the model was
-    trained through. ``summary`` is ``attnlib.experiments.anna.summarise_reproduction``'s output;
-    ``ls`` may hold per-layer tuples (shown as ``l1/l2``)."""
+    over seeds, error bars one standard deviation), ending at ``l = ∞`` where the summary has the
+    many-table limit (``limit_error``), with a slider over the surrogate the model was trained through.
+    ``summary`` is ``attnlib.experiments.anna.summarise_reproduction``'s output; ``ls`` may hold
+    per-layer tuples (shown as ``l1/l2``); ``show_zs`` picks the lines drawn (default: every ``z``)."""
     names = list(summary)
     x = ["/".join(map(str, l)) if isinstance(l, (tuple, list)) else str(l) for l in ls]
+    shown = list(zs) if show_zs is None else list(show_zs)
+    missing = [z for z in shown if z not in zs]
+    if missing:
+        raise ValueError(f"show_zs must be a subset of zs = {list(zs)}; got {missing} outside it")
+    with_limit = all("limit_error_mean" in summary[n] for n in names)
+    xs = x + ["∞"] if with_limit else x
 
     def traces(name):
         s = summary[name]
-        out = [go.Scatter(x=x, y=s["anna_error_mean"][:, b].tolist(), mode="lines+markers", name=f"ANNA, z={z}",
-                          error_y=dict(type="data", array=s["anna_error_std"][:, b].tolist(), visible=True))
-               for b, z in enumerate(zs)]
+        out = []
+        for z in shown:
+            b = list(zs).index(z)
+            y, e = s["anna_error_mean"][:, b].tolist(), s["anna_error_std"][:, b].tolist()
+            if with_limit:
+                y, e = y + [s["limit_error_mean"][b].item()], e + [s["limit_error_std"][b].item()]
+            out.append(go.Scatter(x=xs, y=y, mode="lines+markers", name=f"z = {z}",
+                                  error_y=dict(type="data", array=e, visible=True)))
         m, sd = s["surrogate_error"]
-        out.append(go.Scatter(x=[x[0], x[-1]], y=[m, m], mode="lines", line=dict(dash="dash", color="black"),
-                              name=f"the surrogate itself ({m:.3f} ± {sd:.3f})"))
+        out.append(go.Scatter(x=[xs[0], xs[-1]], y=[m, m], mode="lines", line=dict(dash="dash", color="black"),
+                              name=f"the stand-in itself ({m:.3f} ± {sd:.3f})"))
         return out
 
     frames = [go.Frame(data=traces(n), name=n,
-                       layout=go.Layout(title_text=f"{title} -- surrogate: {n} ({summary[n]['n_seeds']} seeds)"))
+                       layout=go.Layout(title_text=f"{title} -- trained through: {n} ({summary[n]['n_seeds']} seeds)"))
               for n in names]
     fig = go.Figure(data=frames[0].data, layout=go.Layout(title_text=frames[0].layout.title.text))
-    fig.update_xaxes(title_text="tables l" + (" (layer 1 / layer 2)" if "/" in x[0] else ""), type="category")
+    fig.update_xaxes(title_text="tables l" + (" (layer 1 / layer 2)" if "/" in x[0] else "")
+                     + (";  ∞: the many-table limit" if with_limit else ""), type="category")
     fig.update_yaxes(title_text="per-token error", range=[-0.02, 1.0])
     fig.update_layout(height=480, legend=dict(font=dict(size=10)))
     return add_frame_slider(fig, frames, names, prefix="trained through: ")
