@@ -4,6 +4,8 @@ and for our SimHash-limit surrogate, over several seeds.
 
     python scripts/anna_reproduction.py --task match2 --seeds 10 --steps 3000
     python scripts/anna_reproduction.py --task induction --seeds 5 --steps 3000
+    python scripts/anna_reproduction.py --task match2 --seeds 3 --steps 20000 --surrogates softmax \
+        --out benchmarks/results/anna_reproduction_match2_20000_steps.json
 
 Writes ``benchmarks/results/anna_reproduction_<task>.json`` (device, versions, date, configuration,
 one row per (surrogate, seed)); lab 5 reads it for the chapter's table. The JSON is rewritten after
@@ -54,6 +56,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=3000)
     ap.add_argument("--batch", type=int, default=None, help="default: 64 for match2, 32 for induction")
     ap.add_argument("--lr", type=float, default=None, help="default: 1e-2 for match2, 3e-3 for induction")
+    ap.add_argument("--surrogates", nargs="+", choices=ex.SURROGATES, default=list(ex.SURROGATES))
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
 
@@ -72,7 +75,7 @@ def main() -> None:
         "rows": [],
     }
     for seed in tqdm(range(args.seeds), desc=f"{args.task}: seeds"):
-        for surrogate in ex.SURROGATES:
+        for surrogate in args.surrogates:
             t0 = time.time()
             model = ex.train_surrogate(args.task, steps=args.steps, seed=seed, surrogate=surrogate,
                                        n_bits=SURROGATE_BITS, batch=batch, lr=lr, device=device, progress=tqdm)
