@@ -35,11 +35,12 @@ and come at or after it). Memory ``O(l T Dv)``; time ``O(l T (z D + log T + Dv l
 reference (its scan takes ``log2 T`` doubling steps), ``O(l T (z D + log T + Dv))`` in the kernels.
 
 Non-finite inputs. A value row holding NaN or inf reaches exactly the outputs of the queries that
-collide with it (there the output is NaN or inf, as in ``w @ v``); no other output changes by a bit.
-A query or key with a NaN or inf entry has no direction to hash. Where values are checked (CPU
-tensors; elsewhere with ``ATTNLIB_CHECK_VALUES=1``, see :mod:`attnlib._validate`) the op raises a
-ValueError. Unchecked (a GPU, no host sync), such a key collides with no query -- every output is
-that of the sequence without it -- and such a query's output row (and weight row) is NaN, since
+collide with it (there, in the columns it holds them, the output is NaN or inf, as in ``w @ v``); no
+other output changes by a bit. A query or key with a NaN or inf entry has no direction to hash.
+Where values are checked (CPU tensors; elsewhere with ``ATTNLIB_CHECK_VALUES=1``, see
+:mod:`attnlib._validate`) the op raises a ValueError. Unchecked (a GPU, no host sync), such a key
+collides with no query -- every output is that of the sequence without it (in the kernels, up to
+rounding: the scan's tiles shift) -- and such a query's output row (and weight row) is NaN, since
 which keys it meets is undefined; no other row changes.
 """
 

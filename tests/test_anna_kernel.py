@@ -1,5 +1,7 @@
-"""ANNA's Triton kernels against the torch reference, through the interpreter on the CPU (fp32,
-odd shapes: T not a multiple of the block, D not a power of two, Dv != D)."""
+"""ANNA's Triton kernels through the interpreter on the CPU (fp32, odd shapes: T not a multiple of the
+block, D not a power of two, Dv != D): the hashing kernels against the reference's codes, the op against
+the torch reference and against the float64 definition (dense counts -> weights -> W @ v), on random
+and on degenerate buckets (one bucket over several scan tiles, singletons, interleaved buckets)."""
 
 import pytest
 import torch

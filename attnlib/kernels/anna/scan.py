@@ -28,8 +28,9 @@ import triton.language as tl
 
 @triton.jit
 def _segmented_sum(a, a_starts, b, b_starts):
-    """The segmented-sum operator: a bucket start in the right operand discards the left one."""
-    return tl.where(b_starts, b, a + b), a_starts | b_starts
+    """The segmented-sum operator: a bucket start in the right operand discards the left one. The flags
+    are int32 0/1 (not int1) so that the scan carries a plain integer next to the values."""
+    return tl.where(b_starts != 0, b, a + b), a_starts | b_starts
 
 
 @triton.jit
@@ -58,7 +59,7 @@ def _anna_segmented_scan_kernel(V, PERM, START, S,
         perm = tl.load(PERM + idx_base + offs_t * stride_pt, mask=tmask, other=0)
         start = tl.load(START + idx_base + offs_t * stride_pt, mask=tmask, other=0)
         x = tl.load(v_base + perm[:, None] * stride_vt, mask=m2, other=0.0).to(tl.float32)
-        starts = tl.broadcast_to((start == offs_t)[:, None], (BLOCK_T, BLOCK_V))
+        starts = tl.broadcast_to((start == offs_t).to(tl.int32)[:, None], (BLOCK_T, BLOCK_V))
         y, _ = tl.associative_scan((x, starts), 0, _segmented_sum)
         y = tl.where((start < t0)[:, None], y + carry[None, :], y)   # continues the bucket open at t0
         tl.store(s_base + offs_t[:, None] * stride_st, y, mask=m2)
