@@ -57,8 +57,12 @@ def check_same_device_dtype(named: Sequence[tuple[str, torch.Tensor]]) -> None:
                             f"{str(t0.dtype).replace('torch.', '')} to match {n0}")
 
 
-def check_qkv(q, k, v, *, same_length: bool = False) -> tuple[int, int, int, int, int, int]:
+def check_qkv(q, k, v, *, same_length: bool = False,
+              allow_no_keys: bool = False) -> tuple[int, int, int, int, int, int]:
     """Validate attention inputs ``q: [B, H, Tq, D]``, ``k: [B, H, Tk, D]``, ``v: [B, H, Tk, Dv]``.
+
+    ``same_length``: the op is causal, so ``Tq == Tk``. ``allow_no_keys``: ``Tk == 0`` with ``Tq > 0``
+    is allowed (for ops whose rows may be empty, such as ANNA's); softmax over no keys is undefined.
 
     Returns ``(B, H, Tq, Tk, D, Dv)``.
     """
@@ -75,7 +79,7 @@ def check_qkv(q, k, v, *, same_length: bool = False) -> tuple[int, int, int, int
                          f"(batch, heads, time)")
     if same_length and Tq != Tk:
         raise ValueError(f"causal attention needs as many queries as keys; q has T={Tq}, k has T={Tk}")
-    if Tk == 0 and Tq > 0:
+    if Tk == 0 and Tq > 0 and not allow_no_keys:
         raise ValueError(f"k has shape {_shape(k)}: softmax over an empty set of keys is undefined; "
                          "expected at least one key")
     if D == 0:

@@ -21,12 +21,27 @@ Families. ``"simhash"`` (Charikar 2002): ``h(x) = [a . x > 0]`` for a Gaussian v
 hash): ``h(x) = argmax over the 2D signed coordinates of [G x, -G x]`` for a Gaussian ``G [D, D]``;
 one of ``2D`` values, with no closed-form collision probability at small ``D`` (chapter 5 measures it).
 
-How it is computed without a T x T matrix (``anna_attention_reference``). Per (batch, head, table):
-sort the keys' codes (stably, so time order survives inside a bucket); a bucket is then a segment
-``[lo, hi)`` of the sorted order, found for a query by two binary searches, and its value sum is a
-difference of prefix sums ``P[hi] - P[lo]``. For the causal form, ``hi`` is instead the end of the
-bucket's keys at or before time ``i``: one more binary search on the sorted pairs (bucket, time).
-Memory ``O(l T Dv)``; time ``O(l T (z D + log T + Dv))``.
+How it is computed without a T x T matrix (``anna_attention_reference``). Hashing ``T`` vectors costs
+``2 l z D T`` FLOPs for SimHash (``l z D T`` multiply-adds: one projection per bit) and about
+``4 l z D^2 T`` for cross-polytope (a ``D x D`` product per hash). Then, per (batch, head, table): sort
+the keys' codes (stably, so time order survives inside a bucket); a bucket is a segment ``[lo, end)``
+of the sorted order, found for a query by two binary searches. The values, in that order, go through
+a *segmented scan* -- a running sum restarted at every bucket start -- so position ``p`` holds the sum
+of its own bucket's values from the bucket's start to ``p``, and a query reads one entry per table:
+at ``end - 1`` (its whole bucket), or for the causal form at ``hi - 1``, ``hi`` being the end of the
+bucket's keys at times ``<= i`` (one more binary search on the sorted pairs (bucket, time)). No sum is
+ever a difference of two sums, so a value reaches only the queries that share its bucket (causal:
+and come at or after it). Memory ``O(l T Dv)``; time ``O(l T (z D + log T + Dv log T))`` in the
+reference (its scan takes ``log2 T`` doubling steps), ``O(l T (z D + log T + Dv))`` in the kernels.
+
+Non-finite inputs. A value row holding NaN or inf reaches exactly the outputs of the queries that
+collide with it (there, in the columns it holds them, the output is NaN or inf, as in ``w @ v``); no
+other output changes by a bit. A query or key with a NaN or inf entry has no direction to hash.
+Where values are checked (CPU tensors; elsewhere with ``ATTNLIB_CHECK_VALUES=1``, see
+:mod:`attnlib._validate`) the op raises a ValueError. Unchecked (a GPU, no host sync), such a key
+collides with no query -- every output is that of the sequence without it (in the kernels, up to
+rounding: the scan's tiles shift) -- and such a query's output row (and weight row) is NaN, since
+which keys it meets is undefined; no other row changes.
 """
 
 from __future__ import annotations
@@ -37,14 +52,20 @@ import torch
 
 from . import _validate
 from ._backend import choose_backend
+from ._numerics import acc_dtype
 
 FAMILIES = ("simhash", "crosspolytope")
 MAX_WEIGHT_ENTRIES = 1 << 24      # return_weights: at most this many entries of T_q x T_k per head
 MAX_CODE_BITS = 62                # a table's bucket key is one int64; composite keys need headroom
 SURROGATE = ("train the differentiable surrogate instead -- softmax attention on unit-norm q and k with a "
-             "learned temperature beta, softmax(beta * q_hat k_hat^T) v (attnlib.softmax_attention with "
-             "scale=beta) -- and evaluate ANNA on the trained q, k, v under torch.no_grad() or on detached "
-             "tensors (the bucket assignment is piecewise constant in q and k: no useful gradient)")
+             "temperature beta (the paper tunes it; attnlib's experiments learn it), "
+             "softmax(beta * q_hat k_hat^T) v (attnlib.softmax_attention with scale=beta) -- and evaluate "
+             "ANNA on the trained q, k, v under torch.no_grad() or on detached tensors (the bucket "
+             "assignment is piecewise constant in q and k: no useful gradient)")
+# Codes for rows with a NaN or inf entry (unchecked inputs only): below every real code (those are
+# >= 0), and different for queries and keys, so such a row shares a bucket with nothing.
+NONFINITE_QUERY_CODE = -2
+NONFINITE_KEY_CODE = -1
 
 
 # ----------------------------------------------------------------------------------------------
@@ -96,16 +117,31 @@ def lsh_codes(x: torch.Tensor, proj: torch.Tensor, family: str) -> torch.Tensor:
     return (h * place).sum(-1)
 
 
+def _probability_tensor(name: str, x, lo: float, hi: float, span: str) -> torch.Tensor:
+    """``x`` as a float64 tensor, its values checked to lie in ``[lo, hi]`` where values are checked."""
+    if isinstance(x, bool) or not isinstance(x, (int, float, torch.Tensor)):
+        raise TypeError(f"{name} must be a number or a tensor; got {type(x).__name__}")
+    x = torch.as_tensor(x, dtype=torch.float64)
+    if _validate.checks_values(x) and not bool(((x >= lo) & (x <= hi)).all()):
+        bad = x[~((x >= lo) & (x <= hi))].flatten()[0].item()
+        raise ValueError(f"{name} must lie in {span}; got an entry {bad!r}")
+    return x
+
+
 def simhash_collision_probability(theta, n_bits: int = 1):
-    """``Pr[g(x) = g(y)] = (1 - theta / pi)^z`` for two vectors at angle ``theta`` (exact, any ``D``)."""
-    theta = torch.as_tensor(theta, dtype=torch.float64)
+    """``Pr[g(x) = g(y)] = (1 - theta / pi)^z`` for two vectors at angle ``theta`` in ``[0, pi]`` (exact,
+    any ``D``), with ``z = n_bits >= 0`` hashes per table (``z = 0``: every pair collides)."""
+    theta = _probability_tensor("theta", theta, 0.0, math.pi, "[0, pi] (an angle between two vectors)")
+    n_bits = _validate.check_int("n_bits", n_bits, lo=0)
     return (1.0 - theta / math.pi) ** n_bits
 
 
 def table_collision_probability(p_one, n_bits: int, n_tables: int):
-    """From one hash's collision probability ``p``: collide in a table ``p^z``; in at least one of
-    ``l`` tables ``1 - (1 - p^z)^l`` (the tables are independent)."""
-    p_one = torch.as_tensor(p_one, dtype=torch.float64)
+    """From one hash's collision probability ``p`` in ``[0, 1]``: collide in a table ``p^z``; in at least
+    one of ``l`` tables ``1 - (1 - p^z)^l`` (the tables are independent). ``z, l >= 1``."""
+    p_one = _probability_tensor("p_one", p_one, 0.0, 1.0, "[0, 1] (a probability)")
+    n_bits = _validate.check_int("n_bits", n_bits, lo=1)
+    n_tables = _validate.check_int("n_tables", n_tables, lo=1)
     return 1.0 - (1.0 - p_one ** n_bits) ** n_tables
 
 
@@ -130,93 +166,124 @@ def anna_weights_from_counts(m: torch.Tensor, dtype=torch.float64) -> torch.Tens
 
 
 def _segments(q_codes: torch.Tensor, k_codes: torch.Tensor, causal: bool):
-    """Per (batch, head, table): the stable sort of the keys by code, and each query's segment
-    ``[lo, hi)`` of that order (its bucket; causal: the bucket's keys at times ``<= i``)."""
+    """Per (batch, head, table): ``(perm, start, lo, hi)`` -- the stable sort of the keys by code, the
+    sorted position where each sorted key's bucket starts, and each query's segment ``[lo, hi)`` of
+    that order (its bucket; causal: the bucket's keys at times ``<= i``). ``hi == lo``: no collision."""
     sorted_codes, perm = torch.sort(k_codes, dim=-1, stable=True)            # [B, H, l, Tk]
+    start = torch.searchsorted(sorted_codes, sorted_codes, side="left")
     lo = torch.searchsorted(sorted_codes, q_codes, side="left")
     end = torch.searchsorted(sorted_codes, q_codes, side="right")          # the bucket is [lo, end)
     if not causal:
-        return perm, lo, end
-    # Bucket starts are positions < Tk; (bucket start, time) is nondecreasing along the sorted order,
-    # because the stable sort keeps time order inside a bucket. One more binary search finds the end.
+        return perm, start, lo, end
+    # (bucket start, time) is nondecreasing along the sorted order, because the stable sort keeps
+    # time order inside a bucket: one more binary search finds the bucket's last key at time <= i.
     Tk = k_codes.shape[-1]
-    start = torch.searchsorted(sorted_codes, sorted_codes, side="left")
     composite = start * Tk + perm
     t = torch.arange(q_codes.shape[-1], device=q_codes.device)
     hi = torch.searchsorted(composite, lo * Tk + t, side="right")
     # An absent bucket (lo == end) would otherwise borrow the keys of the bucket that starts at lo.
     hi = torch.minimum(torch.maximum(hi, lo), end)
-    return perm, lo, hi
+    return perm, start, lo, hi
 
 
-def _prefix_sums(v: torch.Tensor, perm: torch.Tensor) -> torch.Tensor:
-    """``P [B, H, l, Tk + 1, Dv]``: per table, the running sums of the values in bucket-sorted order
-    (``P[0] = 0``), in float32 (float64 for float64 values)."""
-    acc = torch.float64 if v.dtype == torch.float64 else torch.float32
+def _sorted_values(v: torch.Tensor, perm: torch.Tensor) -> torch.Tensor:
+    """``v`` in each table's bucket-sorted order: ``[B, H, l, Tk, Dv]`` in float32 (float64 for float64)."""
     B, H, l, Tk = perm.shape
     Dv = v.shape[-1]
-    v_sorted = torch.gather(v.to(acc).unsqueeze(2).expand(B, H, l, Tk, Dv), 3,
-                            perm.unsqueeze(-1).expand(B, H, l, Tk, Dv))
-    return torch.nn.functional.pad(v_sorted.cumsum(3), (0, 0, 1, 0))
+    return torch.gather(v.to(acc_dtype(v.dtype)).unsqueeze(2).expand(B, H, l, Tk, Dv), 3,
+                        perm.unsqueeze(-1).expand(B, H, l, Tk, Dv))
 
 
-def _gather_reference(prefix: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, out_dtype) -> torch.Tensor:
-    """``o_i = sum_t (P_t[hi] - P_t[lo]) / max(1, sum_t (hi - lo))`` -- the kernel ``anna_gather`` in torch."""
-    B, H, l, _, Dv = prefix.shape
+def _segmented_cumsum(x: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
+    """``S[p] = sum_{start[p] <= r <= p} x[r]`` along dim 3 of ``x [B, H, l, Tk, Dv]``: a running sum
+    restarted at every bucket start, so a row only ever meets the rows of its own bucket.
+
+    Doubling (Hillis--Steele): after the step with shift ``d``, ``S[p]`` covers ``[max(start, p-2d+1), p]``;
+    ``S[p-d]`` is added only when ``p - d`` lies in ``p``'s bucket, and selected, never multiplied by a
+    0 mask (``0 * NaN`` is NaN). ``log2 Tk`` steps of ``O(l Tk Dv)``."""
+    Tk = x.shape[3]
+    pos = torch.arange(Tk, device=x.device)
+    d = 1
+    while d < Tk:
+        same_bucket = (pos - d >= start).unsqueeze(-1)                      # [B, H, l, Tk, 1]
+        shifted = torch.nn.functional.pad(x, (0, 0, d, 0))[..., :Tk, :]     # shifted[p] = x[p - d]
+        x = x + torch.where(same_bucket, shifted, 0.0)
+        d *= 2
+    return x
+
+
+def _gather_reference(scan: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, out_dtype) -> torch.Tensor:
+    """``o_i = sum_t S_t[hi - 1] / max(1, sum_t (hi - lo))`` over the tables where ``hi > lo`` -- the
+    kernel ``anna_gather`` in torch. ``S_t[hi - 1]`` is the sum of the query's segment ``[lo, hi)``."""
+    B, H, l, _, Dv = scan.shape
     Tq = lo.shape[-1]
-    take = lambda idx: torch.gather(prefix, 3, idx.unsqueeze(-1).expand(B, H, l, Tq, Dv))  # noqa: E731
-    num = (take(hi) - take(lo)).sum(2)                                        # [B, H, Tq, Dv]
-    cnt = (hi - lo).sum(2).to(prefix.dtype)                                   # [B, H, Tq]
+    hit = hi > lo
+    last = (hi - 1).clamp_min(0).unsqueeze(-1).expand(B, H, l, Tq, Dv)
+    seg_sum = torch.where(hit.unsqueeze(-1), torch.gather(scan, 3, last), 0.0)
+    num = seg_sum.sum(2)                                                      # [B, H, Tq, Dv]
+    cnt = (hi - lo).sum(2).to(scan.dtype)                                     # [B, H, Tq]
     return (num / cnt.clamp_min(1).unsqueeze(-1)).to(out_dtype)
+
+
+def _codes(x: torch.Tensor, proj: torch.Tensor, family: str, *, nonfinite_code: int, kernel: bool = False):
+    """The tables' bucket keys of ``x`` (:func:`lsh_codes`, or the Triton hashing kernel), with
+    ``nonfinite_code`` for the rows that hold a NaN or inf (no direction: they collide with nothing)."""
+    if kernel:
+        from .kernels.anna import crosspolytope_codes, simhash_codes
+        codes = (simhash_codes if family == "simhash" else crosspolytope_codes)(x, proj)
+    else:
+        codes = lsh_codes(x, proj, family)
+    finite = torch.isfinite(x).all(-1).unsqueeze(2)                        # [B, H, 1, T]
+    return torch.where(finite, codes, nonfinite_code)
+
+
+def _nan_where_query_nonfinite(x: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """Rows ``i`` of ``x [B, H, Tq, *]`` set to NaN where ``q_i`` has a NaN or inf entry."""
+    bad = ~torch.isfinite(q).all(-1, keepdim=True)
+    return torch.where(bad, float("nan"), x)
 
 
 def anna_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, proj: torch.Tensor, *,
                              family: str, causal: bool = False) -> torch.Tensor:
-    """ANNA by sort and segment, in plain PyTorch: memory ``O(l T Dv)``, never ``T x T``.
+    """ANNA by sort and segmented scan, in plain PyTorch: memory ``O(l T Dv)``, never ``T x T``.
 
-    Sums accumulate in float32 (float64 for float64 inputs). Returns ``o [B, H, Tq, Dv]`` in v's dtype.
-    Prefix sums are differenced, so a bucket's sum carries an absolute error of about
-    ``eps * |P|``, with ``P`` the running sum of the values in sorted order (float32: fine for values
-    of mixed sign; for long sequences of same-sign values, pass float64).
+    Sums accumulate in float32 (float64 for float64 inputs); each bucket's sum is a sum of that
+    bucket's values alone, so its rounding error is that of summing them. Returns ``o [B, H, Tq, Dv]``
+    in v's dtype. Non-finite rows of q, k are handled as the module docstring states.
     """
     B, H, Tq, _ = q.shape
     Tk, Dv = k.shape[2], v.shape[3]
     if Tq == 0 or Tk == 0 or B * H == 0:
         return v.new_zeros(B, H, Tq, Dv)
-    qc, kc = lsh_codes(q, proj, family), lsh_codes(k, proj, family)        # [B, H, l, T]
-    perm, lo, hi = _segments(qc, kc, causal)
-    return _gather_reference(_prefix_sums(v, perm), lo, hi, v.dtype)
+    qc = _codes(q, proj, family, nonfinite_code=NONFINITE_QUERY_CODE)      # [B, H, l, Tq]
+    kc = _codes(k, proj, family, nonfinite_code=NONFINITE_KEY_CODE)        # [B, H, l, Tk]
+    perm, start, lo, hi = _segments(qc, kc, causal)
+    o = _gather_reference(_segmented_cumsum(_sorted_values(v, perm), start), lo, hi, v.dtype)
+    return _nan_where_query_nonfinite(o, q)
 
 
 def _anna_attention_triton(q, k, v, proj, *, family: str, causal: bool) -> torch.Tensor:
-    """The kernel path: hash (Triton) -> sort and segment (torch) -> gather (Triton)."""
-    from .kernels.anna import anna_gather, crosspolytope_codes, simhash_codes
+    """The kernel path: hash (Triton) -> sort and segment (torch) -> segmented scan (Triton) -> gather (Triton)."""
+    from .kernels.anna import anna_gather, anna_segmented_scan
 
-    hash_codes = simhash_codes if family == "simhash" else crosspolytope_codes
-    qc, kc = hash_codes(q, proj), hash_codes(k, proj)
-    perm, lo, hi = _segments(qc, kc, causal)
-    return anna_gather(_prefix_sums(v, perm), lo.contiguous(), hi.contiguous(), v.dtype)
+    qc = _codes(q, proj, family, nonfinite_code=NONFINITE_QUERY_CODE, kernel=True)
+    kc = _codes(k, proj, family, nonfinite_code=NONFINITE_KEY_CODE, kernel=True)
+    perm, start, lo, hi = _segments(qc, kc, causal)
+    scan = anna_segmented_scan(v, perm, start)
+    return _nan_where_query_nonfinite(anna_gather(scan, lo, hi, v.dtype), q)
 
 
 # ----------------------------------------------------------------------------------------------
 # The public op
 # ----------------------------------------------------------------------------------------------
 
-def _check_inputs(q, k, v, causal: bool) -> tuple[int, int, int, int, int, int]:
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        _validate.check_tensor(name, t, ndim=4)
-    _validate.check_same_device_dtype([("q", q), ("k", k), ("v", v)])
-    B, H, Tq, D = q.shape
-    if k.shape[0] != B or k.shape[1] != H or k.shape[3] != D:
-        raise ValueError(f"k has shape {tuple(k.shape)}; expected ({B}, {H}, *, {D}) to match q (batch, heads, dim)")
-    Tk = k.shape[2]
-    if v.shape[0] != B or v.shape[1] != H or v.shape[2] != Tk:
-        raise ValueError(f"v has shape {tuple(v.shape)}; expected ({B}, {H}, {Tk}, *) to match k (batch, heads, time)")
-    if D == 0:
-        raise ValueError(f"q has shape {tuple(q.shape)}; expected a head dimension of at least 1")
-    if causal and Tq != Tk:
-        raise ValueError(f"causal ANNA needs as many queries as keys; q has T={Tq}, k has T={Tk}")
-    return B, H, Tq, Tk, D, v.shape[3]
+def _check_finite_directions(q: torch.Tensor, k: torch.Tensor) -> None:
+    """Refuse NaN or inf in q or k where values are checked (a direction must be finite to hash)."""
+    for name, x in (("q", q), ("k", k)):
+        if _validate.checks_values(x) and x.numel() and not bool(torch.isfinite(x).all()):
+            row = (~torch.isfinite(x)).any(-1).nonzero()[0].tolist()
+            raise ValueError(f"{name} has a non-finite entry at [batch, head, time] = {row}; expected finite "
+                             f"{'queries' if name == 'q' else 'keys'} (ANNA hashes their directions)")
 
 
 def anna_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, n_tables: int, n_bits: int,
@@ -234,13 +301,19 @@ def anna_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, n_table
         causal: query ``i`` sees only keys ``j <= i`` (needs ``Tq == Tk``).
         return_weights: also return the implied weights ``w [B, H, Tq, Tk]`` (float64 on q's device;
             rows sum to 1 or are all zero) -- built densely, so only for ``Tq * Tk <= 2^24``.
+            ``Tk == 0`` is allowed: every row is empty.
         backend: ``"auto"`` (the Triton kernels on CUDA -- cross-polytope for ``D <= 128`` -- the
             reference otherwise), ``"torch"`` or ``"triton"``.
 
     Returns ``o [B, H, Tq, Dv]`` in v's dtype, or ``(o, w)``. Not differentiable: inputs that
-    require grad (with grad mode on) raise, naming the surrogate to train instead.
+    require grad (with grad mode on) raise, naming the surrogate to train instead. NaN or inf in q
+    or k raises where values are checked (CPU tensors, or ``ATTNLIB_CHECK_VALUES=1``); unchecked,
+    such a key collides with nothing and such a query's row is NaN. NaN or inf in a value row
+    reaches exactly the queries that collide with it (see the module docstring).
     """
-    B, H, Tq, Tk, D, Dv = _check_inputs(q, k, v, causal)
+    _validate.check_bool("causal", causal)
+    B, H, Tq, Tk, D, Dv = _validate.check_qkv(q, k, v, same_length=causal, allow_no_keys=True)
+    _check_finite_directions(q, k)
     _validate.check_int("n_tables", n_tables, lo=1, hi=4096)
     if not isinstance(family, str) or family not in FAMILIES:
         raise ValueError(f"family must be one of {FAMILIES}; got {family!r}")
@@ -249,7 +322,6 @@ def anna_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, n_table
                                           "hash, the table key must fit in 62 bits)")
     _validate.check_int("n_bits", n_bits, lo=1, hi=nb_max, why=why)
     _validate.check_int("seed", seed, lo=0)
-    _validate.check_bool("causal", causal)
     _validate.check_bool("return_weights", return_weights)
     if return_weights and Tq * Tk > MAX_WEIGHT_ENTRIES:
         raise ValueError(f"return_weights=True builds the Tq x Tk weight matrix; Tq * Tk = {Tq * Tk} exceeds "
@@ -270,6 +342,7 @@ def anna_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, n_table
         o = anna_attention_reference(q, k, v, proj, family=family, causal=causal)
     if not return_weights:
         return o
-    qc, kc = lsh_codes(q, proj, family), lsh_codes(k, proj, family)
+    qc = _codes(q, proj, family, nonfinite_code=NONFINITE_QUERY_CODE)
+    kc = _codes(k, proj, family, nonfinite_code=NONFINITE_KEY_CODE)
     w = anna_weights_from_counts(anna_collision_counts(qc, kc, causal=causal))
-    return o, w
+    return o, _nan_where_query_nonfinite(w, q)

@@ -376,12 +376,44 @@ def test_plan_explorer_redraws_anna_panels_when_a_slider_moves():
     assert torch.allclose(torch.tensor([list(r) for r in fig.data[3].z], **F64), torch.from_numpy(want.copy()))
 
 
-def test_partner_mass_of_the_served_plan_equals_the_own_plan_for_the_simhash_limit_stand_in():
-    from attnlib.experiments.anna import match2_partner_mass, train_surrogate
-    model = train_surrogate("match2", steps=2, seed=0, d=16, batch=4, surrogate="simhash_limit", n_bits=3)
-    own = match2_partner_mass(model, n=6, seed=1)
-    served = match2_partner_mass(model, n=6, seed=1, plan="simhash_limit", n_bits=3)
-    assert 0 <= own <= 1 and abs(own - served) < 1e-12
+def _match2_model_and_sequences(n, seed=0):
+    from attnlib.experiments.anna import match2, train_surrogate
+    model = train_surrogate("match2", steps=2, seed=seed, d=16, batch=4, surrogate="simhash_limit", n_bits=3)
+    x, y = match2(n, 32, model.emb.num_embeddings, seed=seed + 1)
+    return model, x, y
+
+
+def _unit_qk(model, x):
+    with torch.no_grad():
+        return model.attn[0].unit_qk(model.embed(x))
+
+
+def test_partner_mass_of_the_simhash_limit_plan_equals_a_dense_definition_and_anna_at_many_tables():
+    """The served plan's partner mass, against (a) softmax(z log(1 - theta / pi)) built here from the
+    model's unit q, k and a partner mask written here, and (b) ANNA's own weights at l = 4096 tables
+    on the same vectors (the plan is their l -> infinity limit)."""
+    from attnlib.experiments.anna import match2_partner_mass
+    z, n = 3, 6
+    model, x, y = _match2_model_and_sequences(n)
+    M = model.emb.num_embeddings
+    served = match2_partner_mass(model, n=n, seed=1, plan="simhash_limit", n_bits=z)
+    q, k = (t.double() for t in _unit_qk(model, x))                            # [n, 1, 32, d]
+    theta = torch.arccos((q @ k.transpose(-1, -2)).clamp(-1, 1))[:, 0]         # [n, i, j]
+    w_limit = torch.softmax(z * torch.log(1 - theta / math.pi), -1)
+    is_partner = torch.zeros(n, 32, 32, dtype=torch.bool)
+    for s_ in range(n):
+        for i in range(32):
+            for j in range(32):
+                is_partner[s_, i, j] = (int(x[s_, i]) + int(x[s_, j])) % M == 0
+    has = y.bool()
+
+    def mass(w):
+        return ((w * is_partner).sum(-1)[has].sum() / has.sum()).item()
+
+    assert 0 < served < 1 and abs(served - mass(w_limit)) < 1e-4
+    _, w_anna = anna_attention(q, k, torch.zeros(n, 1, 32, 1, **F64), n_tables=4096, n_bits=z, seed=5,
+                               return_weights=True)
+    assert abs(mass(w_anna[:, 0]) - mass(w_limit)) < 2e-3                     # measured: 2.3e-4 of 0.044
     with pytest.raises(ValueError, match="plan must be"):
         match2_partner_mass(model, n=2, seed=1, plan="sparse")
 
@@ -417,3 +449,125 @@ def test_best_cell_error_searches_only_the_cells_inside_the_bounds():
     assert best_cell_error(doc2, "softmax", max_l=(96, 32)) == (0.3, 0.0)
     with pytest.raises(ValueError, match="no grid cell"):
         best_cell_error(doc, "softmax", max_l=4)
+
+@pytest.mark.parametrize("n_tables,n_bits", [(3, 2), (64, 8)])
+def test_match2_anna_weights_counted_per_symbol_equal_anna_on_the_sequences(n_tables, n_bits):
+    from attnlib.experiments.anna import match2_anna_weights
+    model, x, _ = _match2_model_and_sequences(5, seed=2)
+    w = match2_anna_weights(model, x, n_tables, n_bits, seed=7)
+    q, k = _unit_qk(model, x)
+    _, w_op = anna_attention(q, k, torch.zeros(5, 1, 32, 1), n_tables=n_tables, n_bits=n_bits, seed=7,
+                             return_weights=True)
+    assert w.shape == w_op.shape == (5, 1, 32, 32)
+    assert (w.double() - w_op).abs().max() < 1e-6                             # float32 vs float64 rounding
+    assert (w_op.sum(-1) > 0).any()
+
+
+# ---------------------------------------------------------------------------- a value reaches its bucket only
+
+BACKENDS = ["torch", pytest.param("triton", marks=pytest.mark.skipif(
+    not __import__("attnlib")._backend.INTERPRET, reason="the kernels on the CPU need TRITON_INTERPRET=1"))]
+
+
+def _leak_instance(T=64, D=8, Dv=4, seed=0):
+    """float32 q near k (so buckets are shared), T spanning several kernel tiles."""
+    g = torch.Generator().manual_seed(seed)
+    k = torch.randn(1, 2, T, D, generator=g)
+    q = k + 0.5 * torch.randn(1, 2, T, D, generator=g)
+    return q, k, torch.randn(1, 2, T, Dv, generator=g)
+
+
+def _support(q, k, *, n_tables, n_bits, seed, causal=False):
+    """``m_ij > 0`` from the dense definition: ``[B, H, Tq, Tk]`` bool."""
+    proj = lsh_projections("simhash", n_tables, n_bits, q.shape[-1], seed)
+    return anna_collision_counts(lsh_codes(q, proj, "simhash"), lsh_codes(k, proj, "simhash"), causal=causal) > 0
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("fill", [float("nan"), float("inf"), -float("inf")])
+@pytest.mark.parametrize("causal", [False, True])
+def test_a_nonfinite_value_reaches_exactly_the_rows_that_collide_with_it(backend, fill, causal):
+    q, k, v = _leak_instance()
+    kw = dict(n_tables=4, n_bits=3, seed=1, causal=causal, backend=backend)
+    clean = anna_attention(q, k, v, **kw)
+    sees = _support(q, k, n_tables=4, n_bits=3, seed=1, causal=causal)
+    for j in (0, 17, 40, 63):
+        vb = v.clone()
+        vb[:, :, j, 1] = fill
+        o = anna_attention(q, k, vb, **kw)
+        reached = ~torch.isfinite(o[..., 1])
+        assert torch.equal(reached, sees[..., j]), j
+        assert 0 < int(reached.sum()) < reached.numel() or (causal and j == 63)
+        untouched = ~sees[..., j]
+        assert torch.equal(o[untouched], clean[untouched]), j                   # bit for bit
+        assert torch.equal(o[..., [0, 2, 3]], clean[..., [0, 2, 3]])            # other columns never met it
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("fill", [1e30, float("nan"), float("inf")])
+def test_causal_outputs_before_t0_are_bit_identical_whatever_v_holds_from_t0_on(backend, fill):
+    q, k, v = _leak_instance(T=70)
+    kw = dict(n_tables=5, n_bits=2, seed=3, causal=True, backend=backend)
+    clean = anna_attention(q, k, v, **kw)
+    for t0 in (1, 16, 30, 69):
+        vb = v.clone()
+        vb[:, :, t0:] = fill
+        o = anna_attention(q, k, vb, **kw)
+        assert torch.equal(o[:, :, :t0], clean[:, :, :t0]), t0
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_outlier_value_leaves_the_rows_that_do_not_collide_with_it_bit_identical(backend):
+    q, k, v = _leak_instance()
+    kw = dict(n_tables=4, n_bits=3, seed=1, backend=backend)
+    clean = anna_attention(q, k, v, **kw)
+    sees = _support(q, k, n_tables=4, n_bits=3, seed=1)
+    for j in (3, 33):
+        vb = v.clone()
+        vb[:, :, j] = 1e5
+        o = anna_attention(q, k, vb, **kw)
+        assert torch.equal(o[~sees[..., j]], clean[~sees[..., j]])
+        assert (o[sees[..., j]] != clean[sees[..., j]]).any(-1).all()
+
+
+# ---------------------------------------------------------------------------- NaN or inf in q or k
+
+@pytest.mark.parametrize("which", ["q", "k"])
+def test_a_nonfinite_query_or_key_raises_where_values_are_checked(which):
+    q, k, v = _leak_instance(T=8)
+    bad = (q if which == "q" else k).clone()
+    bad[0, 1, 5, 2] = float("nan")
+    args = (bad, k, v) if which == "q" else (q, bad, v)
+    with pytest.raises(ValueError, match=rf"{which} has a non-finite entry at \[batch, head, time\] = \[0, 1, 5\]"):
+        anna_attention(*args, n_tables=2, n_bits=3)
+
+
+# The interpreter runs tl.dot through NumPy, which warns on inf * 0 (the result is NaN either way).
+@pytest.mark.filterwarnings("ignore:invalid value encountered in matmul:RuntimeWarning")
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("fill", [float("nan"), float("inf")])
+def test_unchecked_a_nonfinite_key_collides_with_nothing_and_a_nonfinite_query_row_is_nan(backend, fill, monkeypatch,
+                                                                                        rel_err):
+    """Off the CPU values are not read (no host sync): a key with no direction drops out -- the output is
+    that of the sequence without it -- and a query with none gets a NaN row; no other row changes."""
+    from attnlib import _validate
+    monkeypatch.setattr(_validate, "checks_values", lambda x: False)      # as for a GPU tensor
+    q, k, v = _leak_instance()
+    kw = dict(n_tables=4, n_bits=3, seed=1, backend=backend)
+    j = 21
+    kb = k.clone()
+    kb[:, :, j, 0] = fill
+    o, w = anna_attention(q, kb, v, return_weights=True, **kw)
+    keep = [t for t in range(64) if t != j]
+    o_without, w_without = anna_attention(q, k[:, :, keep], v[:, :, keep], return_weights=True, **kw)
+    assert torch.equal(w[..., j], torch.zeros_like(w[..., j])) and torch.equal(w[..., keep], w_without)
+    if backend == "torch":
+        assert torch.equal(o, o_without)
+    else:                                    # the kernel's tiles move with the sorted positions: rounding only
+        assert rel_err(o, o_without) < 1e-6
+    qb = q.clone()
+    qb[:, :, j, 0] = fill
+    o, w = anna_attention(qb, k, v, return_weights=True, **kw)
+    clean, w_clean = anna_attention(q, k, v, return_weights=True, **kw)
+    assert torch.isnan(o[:, :, j]).all() and torch.isnan(w[:, :, j]).all()
+    assert torch.equal(o[:, :, keep], clean[:, :, keep]) and torch.equal(w[:, :, keep], w_clean[:, :, keep])

@@ -1,12 +1,14 @@
-"""ANNA's Triton kernels against the torch reference, through the interpreter on the CPU (fp32,
-odd shapes: T not a multiple of the block, D not a power of two, Dv != D)."""
+"""ANNA's Triton kernels through the interpreter on the CPU (fp32, odd shapes: T not a multiple of the
+block, D not a power of two, Dv != D): the hashing kernels against the reference's codes, the op against
+the torch reference and against the float64 definition (dense counts -> weights -> W @ v), on random
+and on degenerate buckets (one bucket over several scan tiles, singletons, interleaved buckets)."""
 
 import pytest
 import torch
 
 from attnlib import anna_attention
-from attnlib.anna import lsh_codes, lsh_projections
-from attnlib.kernels.anna import crosspolytope_codes, simhash_codes
+from attnlib.anna import anna_collision_counts, anna_weights_from_counts, lsh_codes, lsh_projections
+from attnlib.kernels.anna import anna_gather, anna_segmented_scan, crosspolytope_codes, simhash_codes
 
 
 def _qkv(B, H, Tq, Tk, D, Dv, seed):
@@ -63,3 +65,62 @@ def test_kernel_in_float16_matches_reference_on_the_same_inputs(rel_err):
     o_ref = anna_attention(q, k, v, n_tables=2, n_bits=4, backend="torch", causal=True)
     o_ker = anna_attention(q, k, v, n_tables=2, n_bits=4, backend="triton", causal=True)
     assert o_ker.dtype == torch.float16 and rel_err(o_ker, o_ref) < 1e-3
+
+
+def _definition(q, k, v, *, n_tables, n_bits, seed, causal, family="simhash"):
+    """The float64 definition: dense collision counts -> weights -> ``W @ v``."""
+    proj = lsh_projections(family, n_tables, n_bits, q.shape[-1], seed)
+    m = anna_collision_counts(lsh_codes(q, proj, family), lsh_codes(k, proj, family), causal=causal)
+    return anna_weights_from_counts(m) @ v.double()
+
+
+def _degenerate(kind, T, D=6, Dv=5, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    v = torch.randn(1, 2, T, Dv, generator=g)
+    if kind == "one_bucket":                # every key identical: one bucket across several scan tiles
+        k = torch.randn(1, 2, 1, D, generator=g).expand(1, 2, T, D).contiguous()
+        return k.clone(), k, v
+    if kind == "own_buckets":               # keys far apart at many bits: mostly singleton buckets
+        k = torch.randn(1, 2, T, D, generator=g)
+        return k.clone(), k, v
+    if kind == "two_alternating":           # two buckets interleaved in time: every sorted tile switches
+        a = torch.randn(1, 2, 1, D, generator=g)
+        k = torch.where((torch.arange(T) % 2 == 0)[None, None, :, None], a, -a)
+        return k.clone(), k, v
+    raise ValueError(kind)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("kind,T,n_bits", [("one_bucket", 53, 4), ("own_buckets", 37, 20),
+                                            ("two_alternating", 41, 3), ("one_bucket", 1, 2)])
+def test_kernel_matches_the_float64_definition_on_degenerate_buckets(kind, T, n_bits, causal, rel_err):
+    q, k, v = _degenerate(kind, T)
+    kw = dict(n_tables=3, n_bits=n_bits, seed=2, causal=causal)
+    want = _definition(q, k, v, **kw)
+    assert rel_err(anna_attention(q, k, v, backend="triton", **kw), want.float()) < 1e-6
+    assert rel_err(anna_attention(q, k, v, backend="torch", **kw), want.float()) < 1e-6
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_kernel_matches_the_float64_definition_on_random_inputs(causal, rel_err):
+    q, k, v = _qkv(2, 2, 45, 45, 12, 7, 11)
+    kw = dict(n_tables=4, n_bits=3, seed=5, causal=causal)
+    want = _definition(q.double(), k.double(), v, **kw)
+    assert rel_err(anna_attention(q, k, v, backend="triton", **kw), want.float()) < 1e-6
+
+
+def test_segmented_scan_kernel_sums_each_bucket_from_its_start():
+    """``S[p] = sum of v[perm[r]]`` over ``start[p] <= r <= p``, written out row by row in float64."""
+    g = torch.Generator().manual_seed(0)
+    T, Dv = 50, 3
+    v = torch.randn(1, 1, T, Dv, generator=g)
+    codes = torch.randint(0, 4, (1, 1, 2, T), generator=g)
+    sorted_codes, perm = torch.sort(codes, dim=-1, stable=True)
+    start = torch.searchsorted(sorted_codes, sorted_codes, side="left")
+    S = anna_segmented_scan(v, perm, start)
+    for t in range(2):
+        for p in range(T):
+            rows = perm[0, 0, t, start[0, 0, t, p]:p + 1]
+            assert torch.allclose(S[0, 0, t, p].double(), v[0, 0, rows].double().sum(0), atol=1e-6)
+    lo = hi = torch.zeros(1, 1, 2, 4, dtype=torch.int64)
+    assert torch.equal(anna_gather(S, lo, hi, torch.float32), torch.zeros(1, 1, 4, Dv))     # no collision: 0

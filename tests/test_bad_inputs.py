@@ -4,6 +4,7 @@ than refused, the test asserts the documented behaviour.
 """
 
 import inspect
+import re
 
 import pytest
 import torch
@@ -12,6 +13,7 @@ from hypothesis import strategies as st
 
 import attnlib
 from attnlib import _numerics, _validate, deltanet, eot, linear, needle
+from attnlib import anna as anna_module
 from attnlib import attention as attention_module
 from attnlib import sparse as sparse_module
 from attnlib.metrics import rel_rms
@@ -163,6 +165,8 @@ def _meta_inputs(T=20, D=8):
 def _every_op(q, beta, mask):
     one = slice(0, 1)
     attnlib.softmax_attention(q, q, q, causal=True, backend="torch")
+    for causal in (False, True):
+        attnlib.anna_attention(q, q, q, n_tables=2, n_bits=3, causal=causal, backend="torch")
     attnlib.block_sparse_attention(q, q, q, mask, block_size=16, causal=True, backend="torch")
     for mode in linear.MODES:
         attnlib.linear_attention(q, q, q, mode=mode, backend="torch")
@@ -183,6 +187,8 @@ def test_value_checks_off_the_cpu_run_on_request(monkeypatch):
     q, beta, _ = _meta_inputs()
     with pytest.raises(RuntimeError, match="meta"):                   # it tried to read beta's values
         attnlib.delta_rule(q, q, q, beta, backend="torch")
+    with pytest.raises(RuntimeError, match="meta"):                   # it tried to read q's values
+        attnlib.anna_attention(q, q, q, n_tables=2, n_bits=3, backend="torch")
 
 
 def test_value_checks_on_the_cpu_still_refuse_bad_gates():
@@ -419,6 +425,48 @@ def test_kernels_keep_junk_out_of_the_blocks_and_chunks_before_it():
         assert torch.isfinite(o[:, :, :first_block]).all(), name
 
 
+# ----------------------------------------------------------------------------- ANNA's flags and probabilities
+
+_Q = torch.zeros(1, 1, 4, 3)
+
+
+@pytest.mark.parametrize("call, err, match", [
+    (lambda: attnlib.anna_attention(_Q, _Q, _Q, n_tables=2, n_bits=3, return_weights="no"), TypeError,
+     "return_weights must be a bool .*got str 'no'"),
+    (lambda: attnlib.anna_attention(_Q, _Q, _Q, n_tables=2, n_bits=3, causal=1), TypeError, "causal must be a bool"),
+    (lambda: anna_module.simhash_collision_probability(3.5), ValueError, r"theta must lie in \[0, pi\].*3.5"),
+    (lambda: anna_module.simhash_collision_probability(torch.tensor([0.1, -0.2])), ValueError,
+     r"theta must lie in \[0, pi\].*-0.2"),
+    (lambda: anna_module.simhash_collision_probability(float("nan")), ValueError, "theta must lie in"),
+    (lambda: anna_module.simhash_collision_probability("1"), TypeError, "theta must be a number or a tensor"),
+    (lambda: anna_module.simhash_collision_probability(1.0, n_bits=1.5), TypeError, "n_bits must be an int"),
+    (lambda: anna_module.simhash_collision_probability(1.0, n_bits=-1), ValueError, "n_bits must be >= 0"),
+    (lambda: anna_module.table_collision_probability(1.2, 2, 3), ValueError, r"p_one must lie in \[0, 1\].*1.2"),
+    (lambda: anna_module.table_collision_probability(torch.tensor([-0.1]), 2, 3), ValueError, "p_one must lie in"),
+    (lambda: anna_module.table_collision_probability(0.5, 0, 3), ValueError, "n_bits must be >= 1"),
+    (lambda: anna_module.table_collision_probability(0.5, 2, 2.0), TypeError, "n_tables must be an int"),
+    (lambda: anna_module.table_collision_probability(0.5, 2, 0), ValueError, "n_tables must be >= 1"),
+])
+def test_anna_flags_and_probability_helpers_refuse_what_they_cannot_mean(call, err, match):
+    with pytest.raises(err, match=match):
+        call()
+
+
+def test_anna_probability_helpers_at_the_ends_of_their_ranges():
+    assert anna_module.simhash_collision_probability(0.0, n_bits=5).item() == 1.0
+    assert anna_module.simhash_collision_probability(torch.pi, n_bits=5).item() == 0.0
+    assert anna_module.simhash_collision_probability(1.0, n_bits=0).item() == 1.0      # no bits: all collide
+    assert anna_module.table_collision_probability(torch.tensor([0.0, 1.0]), 3, 4).tolist() == [0.0, 1.0]
+
+
+def test_anna_allows_no_keys_where_softmax_refuses_them():
+    """``Tk == 0`` is an empty row for ANNA (output 0) and undefined for softmax: one check, two answers."""
+    q, e = torch.zeros(1, 1, 3, 4), torch.zeros(1, 1, 0, 4)
+    assert torch.equal(attnlib.anna_attention(q, e, e, n_tables=1, n_bits=2), torch.zeros(1, 1, 3, 4))
+    with pytest.raises(ValueError, match="expected at least one key"):
+        attnlib.softmax_attention(q, e, e)
+
+
 # ----------------------------------------------------------------------------- one measure
 
 def test_rel_rms_is_the_relative_frobenius_error_and_zero_for_equal_tensors():
@@ -428,6 +476,13 @@ def test_rel_rms_is_the_relative_frobenius_error_and_zero_for_equal_tensors():
     assert rel_rms(torch.zeros(2), torch.zeros(2)) == 0.0
     with pytest.raises(TypeError, match="two tensors"):
         rel_rms([1.0], b)
+
+
+def test_rel_rms_refuses_tensors_of_different_shapes_even_broadcastable_ones():
+    b = torch.ones(3, 4)
+    for a in (torch.ones(4), torch.ones(1, 4), torch.ones(3, 1), torch.ones(4, 3)):
+        with pytest.raises(ValueError, match=re.escape(f"a of shape {tuple(a.shape)} and b of shape (3, 4)")):
+            rel_rms(a, b)
 
 
 # ----------------------------------------------------------------------------- the masking keeps gradients exact
