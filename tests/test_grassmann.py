@@ -267,13 +267,19 @@ def test_reduced_dim_below_two_or_not_an_int_is_refused(r, error):
         CausalGrassmannMixing(8, reduced_dim=r)
 
 
-@pytest.mark.parametrize("offsets,match", [((), "empty"), ((0, 1), "positive"), ((-2,), "positive"),
-                                           ((1, 1), "repeated"), ((1.5,), "positive")])
-def test_bad_offsets_are_refused(offsets, match):
-    with pytest.raises(ValueError, match=match):
+@pytest.mark.parametrize("offsets,error,match", [
+    ((), ValueError, "empty"), ((0, 1), ValueError, r"offsets\[0\] must be in \[1, 2147483647\].*positive"),
+    ((-2,), ValueError, r"offsets\[0\].*got -2"), ((1, 1), ValueError, "repeated.*expected distinct positive ints"),
+    ((1.5,), TypeError, r"offsets\[0\] must be an int; got float"),
+    ((1, 2**40), ValueError, r"offsets\[1\] must be in \[1, 2147483647\].*int32.*got 1099511627776"),
+    ((2**63,), ValueError, r"offsets\[0\] must be in .*got 9223372036854775808")])
+def test_bad_offsets_are_refused(offsets, error, match):
+    with pytest.raises(error, match=match):
         plucker_features(torch.randn(1, 4, 3), offsets)
-    with pytest.raises(ValueError, match=match):
+    with pytest.raises(error, match=match):
         CausalGrassmannMixing(8, reduced_dim=3, offsets=offsets)
+    with pytest.raises(error, match=match):
+        receptive_field(offsets, 2)
 
 
 def test_offsets_must_be_a_sequence():
