@@ -40,9 +40,11 @@ scale-invariant, and only ``eps`` needs the scales (``||p||`` vs ``eps`` becomes
 (``z_t = z_{t-delta}``) or a partner that is an exact power-of-two multiple gives ``p = 0`` exactly
 -- a zero row, as the definition does. A nearly parallel pair at angle ``phi`` is ill-conditioned:
 every path (and the definition evaluated in the input's precision) is off by about
-``eps_machine / sin(phi)``. The threshold ``eps s_u s_w`` is floored at ``sqrt(tiny)`` of the
-compute dtype (``2^-63`` in float32), which matters only when ``|z_u| |z_w| > 1e13 eps`` and the pair
-is exactly degenerate: the row is zero either way; only its (huge) gradient is smaller.
+``eps_machine / sin(phi)``. The threshold ``eps s_u s_w`` is floored at the smallest normal number
+of the compute dtype, which it reaches only when ``|z_u| |z_w| > 1e38 eps`` in float32. One case
+is left inexact: ``||p_s||^2`` underflows where the rescaled area is below ``~1e-19`` (float32), so a
+pair with ``sin(phi) < ~1e-19`` that is not exactly degenerate, at a scale where ``eps s_u s_w`` is
+smaller still (``|z_u| |z_w| > 1e13 eps``), is treated as degenerate (``p / eps``).
 """
 
 from __future__ import annotations
@@ -261,9 +263,9 @@ def _unit_scale(z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _threshold(eps: float, s_u: torch.Tensor, s_w: torch.Tensor) -> torch.Tensor:
-    """``eps`` in the rescaled units of a pair, ``eps s_u s_w``, floored at ``sqrt(tiny)`` so that it
-    is never 0 (a zero pair then gives ``0 / floor = 0``, not ``0 / 0``)."""
-    return (eps * s_u * s_w).clamp_min(torch.finfo(s_u.dtype).tiny ** 0.5)
+    """``eps`` in the rescaled units of a pair, ``eps s_u s_w``, floored at the smallest normal number
+    so that it is never 0 (a zero pair then gives ``0 / floor = 0``, not ``0 / 0``)."""
+    return (eps * s_u * s_w).clamp_min(torch.finfo(s_u.dtype).tiny)
 
 
 def _safe_norm(n2: torch.Tensor, floor: torch.Tensor) -> torch.Tensor:

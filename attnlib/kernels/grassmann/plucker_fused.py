@@ -24,8 +24,8 @@ multiple) has ``v`` = 0, and its ``1 / eps`` coefficient multiplies nothing. ``v
 
 Scale. The launcher hands the kernels ``z_s = s z`` with one power of two ``s_t`` per token (exact)
 putting ``max_i |z_s,t,i|`` in ``[0.5, 1)``, and ``s``: the normalised coordinates do not depend on
-scale, only the ``eps`` comparison does, and it becomes ``||p_s|| > eps s_u s_w`` (floored at
-``2^-63``, as the reference). Gradients come back as ``dz = s dz_s``. So ``|z| ~ 1e10`` is as
+scale, only the ``eps`` comparison does, and it becomes ``||p_s|| > eps s_u s_w`` (floored at the
+smallest normal float32, as the reference). Gradients come back as ``dz = s dz_s``. So ``|z| ~ 1e10`` is as
 accurate as ``|z| ~ 1``.
 
 Tiling.
@@ -63,7 +63,7 @@ from ...grassmann import _unit_scale
 from ..common.launch import require_launchable
 from ..common.precision import dot, io_dtype
 
-TINY = torch.finfo(torch.float32).tiny ** 0.5      # 2^-63: the floor of eps s_u s_w, as the reference's
+TINY = torch.finfo(torch.float32).tiny             # the floor of eps s_u s_w, as the reference's
 
 
 @triton.jit
@@ -106,10 +106,14 @@ def _orthogonal(u, uu, su, w, sw, eps, tiny):
 @triton.jit
 def _dv(c, big, n, uu, v, dwhat):
     """Gradient of the loss with respect to one pair's ``v`` (through ``c v`` and through ``n``, where
-    ``n`` is the area), and ``q = dL/dn / n``: ``dv = c dwhat + q uu v``; the area's pull on ``u`` is
-    ``q vv u``. ``c = valid / (K n)``, so ``dc/dn = -c / n``."""
-    q = tl.where(big, -c * tl.sum(dwhat * v, axis=1) / (n * n), 0.0)
-    return c[:, None] * dwhat + (q * uu)[:, None] * v, q
+    ``n`` is the area ``||u|| ||v||``): ``c = valid / (K n)`` gives ``dL/dn = -c (dwhat . v) / n``,
+    and ``dn/dv = uu v / n``, ``dn/du = vv u / n``, so ``dv = c dwhat + qn uu (v / n)`` with
+    ``qn = -c (dwhat . v / n)``: every factor is bounded (``|v / n| = 1 / ||u||``) and none is
+    ``1 / n^2``, which overflows for a small area at large ``|z|`` (``eps s_u s_w`` tiny). The
+    area's pull on ``u`` is ``qn (vv / n) u``; ``qn`` is returned for it."""
+    vn = v / n[:, None]
+    qn = tl.where(big, -c * tl.sum(dwhat * vn, axis=1), 0.0)
+    return c[:, None] * dwhat + (qn * uu)[:, None] * vn, qn
 
 
 @triton.jit
@@ -218,9 +222,9 @@ def _bwd_z_kernel(ZS, S, OFF, DWHAT, DU, DZ,
         sw = tl.load(S + b * L + p, mask=valid, other=1.0)
         a, v, vv, n, big = _orthogonal(x, xx, sx, w, sw, eps, tiny)
         c = tl.where(valid, 1.0 / (k_s * n), 0.0)
-        dv, q = _dv(c, big, n, xx, v, dwhat_s)
+        dv, qn = _dv(c, big, n, xx, v, dwhat_s)
         xdv = tl.sum(x * dv, axis=1) / xxs
-        dz += (q * vv)[:, None] * x - a[:, None] * dv - xdv[:, None] * (w - 2.0 * a[:, None] * x)
+        dz += (qn * (vv / n))[:, None] * x - a[:, None] * dv - xdv[:, None] * (w - 2.0 * a[:, None] * x)
         # role 2: z_s is the partner w of u = z_{s+delta}
         t = s + delta
         valid2 = smask & (t < L)
