@@ -29,11 +29,27 @@ here pairs with ``z_{t-delta}``; ``pairing="paper"`` exists only to demonstrate 
 The fused kernel (``kernels/grassmann/``) computes :func:`plucker_projection` -- pairing, products,
 normalisation, the average and the projection -- without storing the ``[B, L, |W|, C(r,2)]`` tensor.
 It uses that ``p(u, .)`` is linear: the normalised average over offsets is ``p(u, w_hat)`` with
-``w_hat = sum_delta c_delta z_{t-delta}``, ``c_delta = 1 / (K_t max(||p_delta||, eps))``.
+``w_hat = sum_delta c_delta w_perp_delta``, ``c_delta = 1 / (K_t max(||p_delta||, eps))``, where
+``w_perp = w - (u . w / ||u||^2) u`` is the part of the partner orthogonal to ``u``:
+``p(u, w) = p(u, w_perp)`` and ``||p|| = ||u|| ||w_perp||`` without cancellation.
+
+**Numerics.** Every path computes in float32 (float64 for float64 inputs) and first rescales each
+token by a power of two (exact) so that its largest entry lies in ``[0.5, 1)``: ``p_hat`` is
+scale-invariant, and only ``eps`` needs the scales (``||p||`` vs ``eps`` becomes ``||p_s||`` vs
+``eps s_u s_w``). So ``|z| ~ 1e10`` in float32 neither overflows nor underflows. A repeated token
+(``z_t = z_{t-delta}``) or a partner that is an exact power-of-two multiple gives ``p = 0`` exactly
+-- a zero row, as the definition does. A nearly parallel pair at angle ``phi`` is ill-conditioned:
+every path (and the definition evaluated in the input's precision) is off by about
+``eps_machine / sin(phi)``. The threshold ``eps s_u s_w`` is floored at the smallest normal number
+of the compute dtype, which it reaches only when ``|z_u| |z_w| > 1e38 eps`` in float32. One case
+is left inexact: ``||p_s||^2`` underflows where the rescaled area is below ``~1e-19`` (float32), so a
+pair with ``sin(phi) < ~1e-19`` that is not exactly degenerate, at a scale where ``eps s_u s_w`` is
+smaller still (``|z_u| |z_w| > 1e13 eps``), is treated as degenerate (``p / eps``).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
@@ -46,6 +62,7 @@ PAIRINGS = ("causal", "paper")
 MODES = ("features", "collapsed")
 NORMS = ("post", "pre")
 DEFAULT_OFFSETS = (1, 2, 4, 8, 12, 16)
+MAX_OFFSET = 2**31 - 1            # the kernel indexes positions in int32
 
 
 def n_pairs(r: int) -> int:
@@ -57,6 +74,15 @@ def pair_indices(r: int, device=None) -> tuple[torch.Tensor, torch.Tensor]:
     """``(i, j)`` for every coordinate, ``i < j``, lexicographic: the column order of :func:`plucker`."""
     ij = torch.triu_indices(r, r, offset=1, device=device)
     return ij[0], ij[1]
+
+
+def _acc(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _widen(x: torch.Tensor) -> torch.Tensor:
+    """``x`` in float32 if it is a 16-bit float (products of it then fit), else as it is."""
+    return x.to(_acc(x.dtype))
 
 
 def _check_vectors(name: str, x) -> torch.Tensor:
@@ -83,7 +109,8 @@ def plucker(u: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     if u.shape != w.shape:
         raise ValueError(f"w has shape {tuple(w.shape)}; expected {tuple(u.shape)} to match u")
     i, j = pair_indices(u.shape[-1], u.device)
-    return u[..., i] * w[..., j] - u[..., j] * w[..., i]
+    uf, wf = _widen(u), _widen(w)          # fp16 products overflow at |u_i w_j| > 65504
+    return (uf[..., i] * wf[..., j] - uf[..., j] * wf[..., i]).to(u.dtype)
 
 
 def plucker_relations(p: torch.Tensor, r: int) -> torch.Tensor:
@@ -105,29 +132,79 @@ def plucker_relations(p: torch.Tensor, r: int) -> torch.Tensor:
     col[i, j] = torch.arange(n_pairs(r))
     quads = torch.combinations(torch.arange(r), 4) if r >= 4 else torch.zeros(0, 4, dtype=torch.long)
     a, b, c, d = (quads[:, n] for n in range(4))
-    P = lambda x, y: p[..., col[x, y].to(p.device)]  # noqa: E731 - the coordinate p_xy, x < y
-    return P(a, b) * P(c, d) - P(a, c) * P(b, d) + P(a, d) * P(b, c)
+    pf = _widen(p)                         # quadratic: overflows fp16 long before p does
+    P = lambda x, y: pf[..., col[x, y].to(p.device)]  # noqa: E731 - the coordinate p_xy, x < y
+    return (P(a, b) * P(c, d) - P(a, c) * P(b, d) + P(a, d) * P(b, c)).to(p.dtype)
+
+
+def _orthogonal_part(u: torch.Tensor, w: torch.Tensor, uu: torch.Tensor | None = None
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(a, w_perp)``: ``a = u . w / ||u||^2`` and ``w_perp = w - a u`` (``a = 0`` where ``u = 0``).
+
+    ``p(u, w) = p(u, w_perp)`` and ``||p(u, w)|| = ||u|| ||w_perp||``: the area of the parallelogram
+    without Lagrange's cancellation ``||u||^2 ||w||^2 - (u . w)^2``. ``w_perp`` is accurate to
+    ``~eps_machine ||w||`` (relative ``eps_machine / sin`` of the angle, as the coordinates themselves),
+    and it is exactly zero for ``w = u`` and for ``w = 2^k u``: the two dot products are then the same
+    sums up to an exact power-of-two factor, so ``a`` is exact. The projection is applied twice: the
+    first leaves a component along ``u`` of relative size ``~eps_machine / sin``, which ``p(u, .)``
+    ignores but ``||w_perp||`` does not (at ``sin ~ 1e-5`` in float32 it shifts the norm by ~1e-5);
+    the second removes it ("twice is enough", Gram--Schmidt)."""
+    if uu is None:
+        uu = u.square().sum(-1)
+    uu = torch.where(uu > 0, uu, torch.ones_like(uu))
+    a = (u * w).sum(-1) / uu
+    v = w - a[..., None] * u
+    a2 = (u * v).sum(-1) / uu
+    return a + a2, v - a2[..., None] * u
 
 
 def principal_angles(u1: torch.Tensor, w1: torch.Tensor, u2: torch.Tensor, w2: torch.Tensor
                      ) -> torch.Tensor:
     """The two principal angles ``0 <= theta_1 <= theta_2 <= pi/2`` between ``span(u1, w1)`` and
-    ``span(u2, w2)``: ``cos theta_k`` are the singular values of ``Q1^T Q2`` (orthonormal bases).
+    ``span(u2, w2)``.
 
-    Args: four ``[..., r]`` tensors, each pair spanning a plane (not parallel).
-    Returns: ``[..., 2]`` in radians, ascending.
+    With orthonormal bases ``Q1, Q2`` (``[..., r, 2]``), ``cos theta_k`` are the singular values of
+    ``Q1^T Q2`` and ``sin theta_k`` those of ``(I - Q1 Q1^T) Q2 = Q2 - Q1 (Q1^T Q2)``. Each angle is
+    ``atan2(sin, cos)``: the sine carries small angles (``arccos`` of a cosine near 1 keeps only
+    ``sqrt(eps_machine)`` of them), the cosine angles near ``pi/2``.
+
+    Args: four ``[..., r]`` tensors (same shape, dtype, device), each pair spanning a plane.
+        Where values are checked (CPU tensors, or ``ATTNLIB_CHECK_VALUES=1``), non-finite entries
+        and degenerate pairs -- a zero vector, or ``w`` parallel to ``u`` to within
+        ``8 sqrt(r) eps_machine`` of the compute dtype -- raise ``ValueError``; elsewhere they give
+        NaN or meaningless angles.
+    Returns: ``[..., 2]`` in radians, ascending, in float32 (float64 for float64 inputs).
     """
-    for name, x in (("u1", u1), ("w1", w1), ("u2", u2), ("w2", w2)):
+    named = (("u1", u1), ("w1", w1), ("u2", u2), ("w2", w2))
+    for name, x in named:
         _check_vectors(name, x)
-    _validate.check_same_device_dtype([("u1", u1), ("w1", w1), ("u2", u2), ("w2", w2)])
+    _validate.check_same_device_dtype(list(named))
     if not (u1.shape == w1.shape == u2.shape == w2.shape):
         raise ValueError(f"u1, w1, u2, w2 have shapes {tuple(u1.shape)}, {tuple(w1.shape)}, "
                          f"{tuple(u2.shape)}, {tuple(w2.shape)}; expected one shape [..., r]")
-    acc = torch.float64 if u1.dtype == torch.float64 else torch.float32
-    q1 = torch.linalg.qr(torch.stack([u1, w1], dim=-1).to(acc)).Q           # [..., r, 2]
-    q2 = torch.linalg.qr(torch.stack([u2, w2], dim=-1).to(acc)).Q
-    cos = torch.linalg.svdvals(q1.transpose(-1, -2) @ q2).clamp(0.0, 1.0)   # descending
-    return torch.arccos(cos)                                                # ascending angles
+    acc = _acc(u1.dtype)
+    planes = [(u1.to(acc), w1.to(acc), "u1", "w1"), (u2.to(acc), w2.to(acc), "u2", "w2")]
+    if _validate.checks_values(u1):
+        for name, x in named:
+            if not torch.isfinite(x).all():
+                raise ValueError(f"{name} has non-finite entries (NaN or inf); expected finite values")
+        tol = 8 * u1.shape[-1] ** 0.5 * torch.finfo(acc).eps
+        for u, w, nu, nw in planes:
+            for name, x in ((nu, u), (nw, w)):
+                if (x.abs().amax(-1) == 0).any():
+                    raise ValueError(f"{name} has a zero vector; expected each of {nu}, {nw} non-zero "
+                                     f"(span({nu}, {nw}) must be a plane)")
+            ws = w / w.abs().amax(-1, keepdim=True)             # scale-free: sin of the angle
+            us = u / u.abs().amax(-1, keepdim=True)
+            sin = _orthogonal_part(us, ws)[1].norm(dim=-1) / ws.norm(dim=-1)
+            if (sin <= tol).any():
+                raise ValueError(f"{nw} is parallel to {nu} (sin of their angle {sin.min().item():.1e} <= "
+                                 f"{tol:.1e}); expected span({nu}, {nw}) to be a plane")
+    q1, q2 = (torch.linalg.qr(torch.stack([u, w], dim=-1)).Q for u, w, _, _ in planes)   # [..., r, 2]
+    m = q1.transpose(-1, -2) @ q2
+    cos = torch.linalg.svdvals(m)                                           # descending
+    sin = torch.linalg.svdvals(q2 - q1 @ m).flip(-1)                        # ascending
+    return torch.atan2(sin, cos)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -140,12 +217,12 @@ def _check_offsets(offsets) -> tuple[int, ...]:
     offsets = tuple(offsets)
     if not offsets:
         raise ValueError("offsets is empty; expected at least one positive int (e.g. (1, 2, 4, 8, 12, 16))")
-    for o in offsets:
-        if isinstance(o, bool) or not isinstance(o, int) or o < 1:
-            raise ValueError(f"offsets must be positive ints; got {offsets!r} (offset 0 pairs a token with "
-                             "itself: a degenerate plane)")
+    offsets = tuple(_validate.check_int(f"offsets[{k}]", o, lo=1, hi=MAX_OFFSET,
+                                        why=" (offsets are distinct positive ints; 0 would pair a token with "
+                                        "itself, a degenerate plane; positions are int32 in the kernel)")
+                    for k, o in enumerate(offsets))
     if len(set(offsets)) != len(offsets):
-        raise ValueError(f"offsets has repeated values: {offsets!r}")
+        raise ValueError(f"offsets has repeated values: {offsets!r}; expected distinct positive ints")
     return offsets
 
 
@@ -175,6 +252,28 @@ def _partner(z: torch.Tensor, delta: int, pairing: str) -> tuple[torch.Tensor, t
     return other, valid
 
 
+def _unit_scale(z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(z_s, s)``: each token times ``s_t = 2^-e_t`` (exact), ``e_t`` the binary exponent of
+    ``max_i |z_t,i|``, so that ``max_i |z_s,i|`` lies in ``[0.5, 1)``. ``s`` carries no gradient: it is
+    piecewise constant, and ``dz = s dz_s``."""
+    e = torch.frexp(z.detach().abs().amax(-1)).exponent
+    e = e.clamp_min(math.frexp(torch.finfo(z.dtype).tiny)[1])      # subnormal tokens: s stays finite
+    s = torch.ldexp(torch.ones(e.shape, dtype=z.dtype, device=z.device), -e)
+    return z * s[..., None], s
+
+
+def _threshold(eps: float, s_u: torch.Tensor, s_w: torch.Tensor) -> torch.Tensor:
+    """``eps`` in the rescaled units of a pair, ``eps s_u s_w``, floored at the smallest normal number
+    so that it is never 0 (a zero pair then gives ``0 / floor = 0``, not ``0 / 0``)."""
+    return (eps * s_u * s_w).clamp_min(torch.finfo(s_u.dtype).tiny)
+
+
+def _safe_norm(n2: torch.Tensor, floor: torch.Tensor) -> torch.Tensor:
+    """``max(sqrt(n2), floor)`` with a finite gradient where ``n2 = 0`` (the floor holds there)."""
+    big = n2.detach().sqrt() > floor
+    return torch.where(big, torch.where(big, n2, torch.ones_like(n2)).sqrt(), floor)
+
+
 def plucker_features(z: torch.Tensor, offsets: Sequence[int] = DEFAULT_OFFSETS, *, eps: float = 1e-6,
                      pairing: str = "causal", backend: str = "auto") -> torch.Tensor:
     """Normalised Plücker coordinates of ``span(z_t, z_{t-delta})`` for each offset.
@@ -202,13 +301,14 @@ def plucker_features(z: torch.Tensor, offsets: Sequence[int] = DEFAULT_OFFSETS, 
         raise ValueError(f"pairing must be one of {PAIRINGS}; got {pairing!r}")
     choose_backend(backend, z, why_not="plucker_features returns the unprojected [B, L, |W|, C(r,2)] "
                    "tensor, which only the reference builds; the fused kernel is plucker_projection's")
-    acc = torch.float64 if z.dtype == torch.float64 else torch.float32
-    zf = z.to(acc)
+    zs, s = _unit_scale(z.to(_acc(z.dtype)))
     feats = []
     for delta in offsets:
-        other, valid = _partner(zf, delta, pairing)
-        p = plucker(zf, other)                                               # [B, L, C]
-        p = p / p.norm(dim=-1, keepdim=True).clamp_min(eps)
+        other, valid = _partner(zs, delta, pairing)
+        s_other = _partner(s[..., None], delta, pairing)[0][..., 0]
+        p = plucker(zs, other)                                   # [B, L, C], = s_t s_{t-delta} p(z_t, z_{t-delta})
+        # p / max(||p||, eps) in the rescaled units; the norm's gradient is 0 where p = 0
+        p = p / torch.maximum(p.norm(dim=-1), _threshold(eps, s, s_other))[..., None]
         feats.append(p * valid[None, :, None])
     return torch.stack(feats, dim=2).to(z.dtype)
 
@@ -237,24 +337,30 @@ def plucker_projection_reference(z: torch.Tensor, weight: torch.Tensor, offsets:
 def plucker_projection_collapsed(z: torch.Tensor, weight: torch.Tensor, offsets: Sequence[int], *,
                                  eps: float = 1e-6, pairing: str = "causal") -> torch.Tensor:
     """The same ``g`` as :func:`plucker_projection_reference`, in the kernel's order: ``p(u, .)`` is
-    linear, so the average of the offsets' normalised coordinates is one Plücker vector,
+    linear and ``p(u, w) = p(u, w_perp)``, so the average of the offsets' normalised coordinates is one
+    Plücker vector,
 
         mean_delta p(z_t, z_{t-delta}) / n_delta = p(z_t, w_hat_t),
-        w_hat_t = sum_delta valid / (K_t max(n_delta, eps)) z_{t-delta},
-        n_delta^2 = ||z_t||^2 ||z_{t-delta}||^2 - (z_t . z_{t-delta})^2   (Lagrange),
+        w_hat_t = sum_delta valid / (K_t max(n_delta, eps)) w_perp_delta,
+        w_perp_delta = z_{t-delta} - (z_t . z_{t-delta} / ||z_t||^2) z_t,   n_delta = ||z_t|| ||w_perp_delta||,
 
-    and one projection follows. Never builds ``[B, L, |W|, C]``: ``O(L (|W| r + C d))`` work.
+    and one projection follows. Never builds ``[B, L, |W|, C]``: ``O(L (|W| r + C d))`` work. Summing
+    the orthogonal parts (not the partners themselves) keeps every term's size at most
+    ``1 / (K_t ||z_t||)``: a degenerate pair's ``1 / eps`` coefficient multiplies a vector that is
+    (near) zero instead of one parallel to ``z_t``, whose cancellation in ``p(z_t, .)`` would be lost
+    to rounding. Tokens are rescaled first (see the module's notes on numerics).
     """
-    acc = torch.float64 if z.dtype == torch.float64 else torch.float32
-    u = z.to(acc)
+    acc = _acc(z.dtype)
+    u, s = _unit_scale(z.to(acc))
     K = valid_counts(z.shape[1], offsets, pairing=pairing, device=z.device).clamp_min(1).to(acc)
     uu = u.square().sum(-1)
     w_hat = torch.zeros_like(u)
     for delta in offsets:
         w, valid = _partner(u, delta, pairing)
-        n2 = uu * w.square().sum(-1) - (u * w).sum(-1).square()
-        n = n2.clamp_min(eps * eps).sqrt()                  # = max(||p||, eps), finite gradient at 0
-        w_hat = w_hat + (valid[None, :] / (K[None, :] * n))[..., None] * w
+        s_w = _partner(s[..., None], delta, pairing)[0][..., 0]
+        _, v = _orthogonal_part(u, w, uu)
+        n = _safe_norm(uu * v.square().sum(-1), _threshold(eps, s, s_w))     # max(||p||, eps), rescaled
+        w_hat = w_hat + (valid[None, :] / (K[None, :] * n))[..., None] * v
     return plucker(u, w_hat) @ weight.to(acc).T
 
 
@@ -324,6 +430,7 @@ def plucker_projection(z: torch.Tensor, weight: torch.Tensor, offsets: Sequence[
 
 def receptive_field(offsets: Sequence[int], depth: int) -> int:
     """How far back ``depth`` stacked causal Grassmann layers can see: ``max(offsets) * depth``."""
+    depth = _validate.check_int("depth", depth, lo=0, why=" (a number of stacked layers)")
     return max(_check_offsets(offsets)) * depth
 
 
@@ -381,6 +488,13 @@ class CausalGrassmannMixing(nn.Module):
         _validate.check_tensor("h", h, ndim=3)
         if h.shape[-1] != self.d_model:
             raise ValueError(f"h has shape {tuple(h.shape)}; expected [B, L, d_model={self.d_model}]")
+        param = self.reduce.weight
+        if h.dtype != param.dtype:
+            raise TypeError(f"h has dtype {str(h.dtype).replace('torch.', '')}; expected "
+                            f"{str(param.dtype).replace('torch.', '')}, the dtype of the layer's parameters "
+                            "(convert one: layer.to(h.dtype) or h.to(...))")
+        if h.device != param.device:
+            raise ValueError(f"h is on {h.device}; expected {param.device}, where the layer's parameters are")
         x = self.norm(h) if self.norm_kind == "pre" else h
         _, g = self.mixing_signal(x)
         alpha = self.gate_value(x, g)

@@ -506,3 +506,58 @@ def test_masked_references_keep_exact_gradients():
             q, torch.nn.functional.normalize(k, dim=-1), v, b, g=g, mode=m, chunk_size=2))(mode), (q, k, v, beta, g))
     for name, (fn, inputs) in checks.items():
         assert torch.autograd.gradcheck(fn, inputs), name
+
+
+# ----------------------------------------------------------------------------- chapter 6: Grassmann mixing
+
+def test_grassmann_layer_names_h_when_its_dtype_or_device_differs_from_the_parameters():
+    from attnlib.grassmann import CausalGrassmannMixing
+    layer = CausalGrassmannMixing(8, reduced_dim=3)
+    with pytest.raises(TypeError, match=r"h has dtype float64; expected float32, the dtype of the layer's"):
+        layer(torch.randn(1, 4, 8, dtype=F64))
+    assert layer.double()(torch.randn(1, 4, 8, dtype=F64)).dtype == F64
+
+
+@pytest.mark.parametrize("offsets,error,match", [
+    ((1, 2**40), ValueError, r"offsets\[1\] must be in \[1, 2147483647\]"),
+    ((2**63,), ValueError, r"offsets\[0\] must be in \[1, 2147483647\]"),
+    ((4, 4), ValueError, r"offsets has repeated values: \(4, 4\); expected distinct positive ints"),
+    ((2, True), TypeError, r"offsets\[1\] must be an int; got bool")])
+def test_grassmann_offsets_out_of_range_are_named(offsets, error, match):
+    from attnlib.grassmann import plucker_projection, receptive_field
+    with pytest.raises(error, match=match):
+        plucker_projection(torch.randn(1, 4, 3), torch.randn(2, 3), offsets)
+    with pytest.raises(error, match=match):
+        receptive_field(offsets, 1)
+
+
+@pytest.mark.parametrize("depth,error", [(-1, ValueError), (1.5, TypeError), (True, TypeError)])
+def test_grassmann_receptive_field_refuses_a_bad_depth(depth, error):
+    from attnlib.grassmann import receptive_field
+    with pytest.raises(error, match="depth"):
+        receptive_field((1, 2), depth)
+
+
+@pytest.mark.parametrize("scale", [1e10, 1e-10, 1e30])
+def test_grassmann_huge_and_tiny_tokens_give_the_scale_free_coordinates(scale):
+    """p_hat is scale-invariant: |z| ~ 1e10 in float32 neither overflows (||p||^2 ~ 1e40) nor zeroes
+    the rows. (At 1e-10, ||p|| ~ 1e-20 < eps: p / eps, tiny, as the definition says.)"""
+    from attnlib.grassmann import plucker_features, plucker_projection
+    z = _rand(1, 9, 5, dtype=torch.float32)
+    W = _rand(4, 10, seed=1, dtype=torch.float32)
+    for mode in ("features", "collapsed"):
+        got = plucker_projection(z * scale, W, (1, 2), mode=mode)
+        ref = plucker_projection((z * scale).double(), W.double(), (1, 2), mode=mode)
+        assert torch.isfinite(got).all() and rel_rms(got.double(), ref) < 1e-6, mode
+    f = plucker_features(z * scale, (1,))
+    if scale > 1:
+        assert torch.allclose(f, plucker_features(z, (1,)), atol=1e-6)
+
+
+def test_grassmann_principal_angles_name_the_degenerate_argument():
+    from attnlib.grassmann import principal_angles
+    u, w = _rand(2, 5).unbind(0)
+    with pytest.raises(ValueError, match=r"w2 is parallel to u2"):
+        principal_angles(u, w, u, -u)
+    with pytest.raises(ValueError, match=r"u1 has non-finite entries"):
+        principal_angles(torch.full_like(u, float("nan")), w, u, w)

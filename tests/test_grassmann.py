@@ -24,6 +24,9 @@ from attnlib.grassmann import (
     receptive_field,
     valid_counts,
 )
+from attnlib.metrics import rel_rms
+
+from ._grassmann_definition import KINDS, TOL32, definition, degenerate_tokens
 
 F64 = torch.float64
 FAST = settings(max_examples=30, deadline=None)
@@ -101,6 +104,49 @@ def test_inner_product_of_unit_plucker_vectors_is_product_of_principal_cosines(r
     p1, p2 = plucker(u1, w1), plucker(u2, w2)
     cos = torch.cos(principal_angles(u1, w1, u2, w2))
     assert torch.allclose((p1 @ p2).abs() / (p1.norm() * p2.norm()), cos.prod(), atol=1e-9)
+
+
+def _planes_at(alpha, beta, r=6, seed=0, dtype=F64):
+    """Two planes with principal angles (alpha, beta), each given by a skewed (non-orthonormal) basis."""
+    g = torch.Generator().manual_seed(seed)
+    e = torch.linalg.qr(torch.randn(r, r, generator=g, dtype=F64)).Q.T                 # orthonormal rows
+    a, b = torch.tensor(alpha, dtype=F64), torch.tensor(beta, dtype=F64)
+    p1 = torch.stack([e[0], e[1]])
+    p2 = torch.stack([a.cos() * e[0] + a.sin() * e[2], b.cos() * e[1] + b.sin() * e[3]])
+    mix = torch.tensor([[1.0, 0.7], [-0.4, 1.3]], dtype=F64)                             # a change of basis
+    (u1, w1), (u2, w2) = mix @ p1, mix.flip(0) @ p2
+    return [x.to(dtype) for x in (u1, w1, u2, w2)]
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 2e-6), (F64, 1e-14)])
+@pytest.mark.parametrize("angles", [(0.0, 1e-3), (1e-5, 0.3), (0.2, 0.9), (1.0, math.pi / 2 - 1e-4),
+                                    (math.pi / 2, math.pi / 2)])
+def test_principal_angles_match_planes_built_at_known_angles(angles, dtype, tol):
+    """Absolute error ~ eps_machine at every angle: small ones from the sines (arccos of a cosine near 1
+    would keep sqrt(eps): 2% off at 1e-3 in float32), large ones from the cosines."""
+    theta = principal_angles(*_planes_at(*angles, dtype=dtype))
+    assert theta.dtype == (F64 if dtype == F64 else torch.float32)
+    assert (theta.double() - torch.tensor(angles, dtype=F64)).abs().max().item() < tol
+
+
+def test_principal_angles_refuse_degenerate_planes_and_non_finite_values():
+    u, w, u2, w2 = _planes_at(0.1, 0.2)
+    with pytest.raises(ValueError, match=r"w1 is parallel to u1.*expected span\(u1, w1\) to be a plane"):
+        principal_angles(u, 3 * u, u2, w2)
+    with pytest.raises(ValueError, match=r"u2 has a zero vector"):
+        principal_angles(u, w, torch.zeros_like(u2), w2)
+    with pytest.raises(ValueError, match=r"w2 is parallel to u2"):
+        principal_angles(u.float(), w.float(), u2.float(), (u2 * 1e-20).float())
+    bad = w.clone()
+    bad[2] = float("nan")
+    with pytest.raises(ValueError, match=r"w1 has non-finite entries"):
+        principal_angles(u, bad, u2, w2)
+    # batched: one degenerate pair among many is found
+    U = torch.randn(5, 6, dtype=F64)
+    W = torch.randn(5, 6, dtype=F64)
+    W[3] = -2 * U[3]
+    with pytest.raises(ValueError, match="w1 is parallel to u1"):
+        principal_angles(U, W, torch.randn(5, 6, dtype=F64), torch.randn(5, 6, dtype=F64))
 
 
 def test_principal_angles_of_a_plane_with_itself_and_orthogonal_planes():
@@ -187,6 +233,93 @@ def test_collapsed_order_equals_the_reference_values_and_gradients(L, r, offsets
         assert (x - y).abs().max().item() <= tol
 
 
+def _grad_error(got, ref, scale):
+    """RMS error of a gradient relative to ``scale`` or to its own RMS, whichever is larger (a gradient
+    that is exactly 0 in the definition, e.g. dz for r = 2 where p_hat = +-1, has only rounding)."""
+    return ((got.double() - ref).square().mean().sqrt() / max(ref.square().mean().sqrt().item(), scale)).item()
+
+
+@pytest.mark.parametrize("r", [2, 8, 32])
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("mode", ["features", "collapsed"])
+def test_degenerate_tokens_match_the_float64_definition_values_and_gradients(mode, kind, r):
+    z = degenerate_tokens(kind, r).requires_grad_(True)
+    g = torch.Generator().manual_seed(1)
+    W = torch.randn(16, n_pairs(r), generator=g).requires_grad_(True)
+    offsets = (1, 2, 4)
+    out = plucker_projection(z, W, offsets, mode=mode, backend="torch")
+    dg = torch.randn(out.shape, generator=g)
+    z64, W64 = z.detach().double().requires_grad_(True), W.detach().double().requires_grad_(True)
+    ref = definition(z64, W64, offsets)
+    assert torch.isfinite(out).all() and rel_rms(out.double(), ref) < TOL32[kind]
+    dz, dW = torch.autograd.grad(out, (z, W), dg)
+    rdz, rdW = torch.autograd.grad(ref, (z64, W64), dg.double())
+    assert _grad_error(dW, rdW, 0.0) < TOL32[kind]
+    # dz's natural size is |W| |dg| / (|z| sin): a near-parallel pair's direction turns fast. For r = 2
+    # (p_hat = +-1) the definition's dz is exactly 0 and only that scale measures the rounding.
+    with torch.no_grad():
+        sins = torch.cat([(plucker(z64[:, d:], z64[:, :-d]).norm(dim=-1)
+                           / (z64[:, d:].norm(dim=-1) * z64[:, :-d].norm(dim=-1))).flatten() for d in offsets])
+    sin = sins[sins > 0].min().item()                  # the worst-conditioned non-degenerate pair
+    scale = rdW.square().mean().sqrt().item() / (z.detach().abs().max().item() * sin)
+    if not (mode == "features" and kind == "near1e-5" and r == 2):
+        # (there some pairs have ||p|| ~ eps = 1e-6 with float32 rounding 1e-7 in the direct minors: the
+        # features path's dz, which the definition makes ~1/eps there, is off by ~50%; the collapsed
+        # path's orthogonal part is accurate to eps_machine relative and passes)
+        assert _grad_error(dz, rdz, 1e-3 * scale) < TOL32[kind]
+
+
+def test_a_degenerate_pair_gives_a_zero_row_exactly():
+    """Repeated tokens and exact multiples have p = 0: their coordinates are 0 in every path; a position
+    whose partners are all degenerate gets g = 0 (the definition's p / max(||p||, eps))."""
+    z = degenerate_tokens("repeated", 6)
+    W = torch.randn(5, n_pairs(6))
+    assert torch.equal(plucker_features(z, (1,))[:, 5], torch.zeros(2, 1, 15))
+    for mode in ("features", "collapsed"):
+        g = plucker_projection(z, W, (1, 2), mode=mode)
+        assert torch.equal(g[:, 12:15], torch.zeros(2, 3, 5)), mode          # z_10 = ... = z_14
+
+
+def test_layer_on_repeated_and_parallel_tokens_matches_the_float64_definition():
+    """The layer's default (collapsed) path, through its gate and LayerNorm, against the layer built
+    in float64 from the definition of g."""
+    torch.manual_seed(0)
+    layer = CausalGrassmannMixing(16, reduced_dim=6, offsets=(1, 2, 4))
+    with torch.no_grad():
+        layer.reduce.bias.zero_()                     # z = W h: h_t = c h_s gives z_t = c z_s exactly
+    h = torch.randn(1, 20, 16)
+    h[0, 5] = h[0, 4]
+    h[0, 9] = 2 * h[0, 8]
+    h[0, 10:14] = h[0, 9]
+    h64 = h.double()
+    z = h64 @ layer.reduce.weight.double().T
+    K = torch.tensor([sum(t - d >= 0 for d in (1, 2, 4)) for t in range(20)])
+    g = definition(z, layer.plu.weight.double(), (1, 2, 4)) + layer.plu.bias.double() * (K > 0)[:, None]
+    alpha = torch.sigmoid(torch.cat([h64, g], -1) @ layer.gate.weight.double().T + layer.gate.bias.double())
+    ref = torch.nn.functional.layer_norm(alpha * h64 + (1 - alpha) * g, (16,), layer.norm.weight.double(),
+                                         layer.norm.bias.double(), layer.norm.eps)
+    with torch.no_grad():
+        assert rel_rms(layer(h).double(), ref) < 1e-5
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_plucker_and_its_relations_in_half_precision_do_not_overflow_where_the_result_fits(dtype):
+    g = torch.Generator().manual_seed(0)
+    u = 300 * torch.randn(6, 5, generator=g)
+    w = u + torch.randn(6, 5, generator=g)             # u_i w_j ~ 1e5 > 65504; p_ij ~ 1e3
+    u, w = u.to(dtype), w.to(dtype)
+    i, j = torch.triu_indices(5, 5, 1)
+    u64, w64 = u.double(), w.double()
+    ref = u64[:, i] * w64[:, j] - u64[:, j] * w64[:, i]
+    p = plucker(u, w)
+    assert p.dtype == dtype and torch.isfinite(p).all()
+    assert rel_rms(p.double(), ref) < (1e-3 if dtype == torch.float16 else 1e-2)
+    # p_ij p_kl ~ 1e6 > 65504, the residual of a decomposable p is 0 up to p's rounding
+    rel = plucker_relations(plucker(u64, w64).to(dtype), 5)
+    assert rel.dtype == dtype and torch.isfinite(rel).all()
+    assert rel.double().abs().max() < 3e-2 * ref.abs().max() ** 2
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_reduced_precision_inputs_keep_their_dtype(dtype):
     z = torch.randn(2, 8, 5).to(dtype)
@@ -257,6 +390,11 @@ def test_gate_and_mix_as_published():
 
 def test_receptive_field_is_max_offset_times_depth():
     assert receptive_field((1, 2, 4, 8, 12, 16), 6) == 96
+    assert receptive_field((3,), 0) == 0
+    with pytest.raises(ValueError, match="depth must be >= 0"):
+        receptive_field((1, 2), -1)
+    with pytest.raises(TypeError, match="depth must be an int; got float 1.5"):
+        receptive_field((1, 2), 1.5)
 
 
 # -------------------------------------------------------------------------------------- bad input
@@ -267,13 +405,19 @@ def test_reduced_dim_below_two_or_not_an_int_is_refused(r, error):
         CausalGrassmannMixing(8, reduced_dim=r)
 
 
-@pytest.mark.parametrize("offsets,match", [((), "empty"), ((0, 1), "positive"), ((-2,), "positive"),
-                                           ((1, 1), "repeated"), ((1.5,), "positive")])
-def test_bad_offsets_are_refused(offsets, match):
-    with pytest.raises(ValueError, match=match):
+@pytest.mark.parametrize("offsets,error,match", [
+    ((), ValueError, "empty"), ((0, 1), ValueError, r"offsets\[0\] must be in \[1, 2147483647\].*positive"),
+    ((-2,), ValueError, r"offsets\[0\].*got -2"), ((1, 1), ValueError, "repeated.*expected distinct positive ints"),
+    ((1.5,), TypeError, r"offsets\[0\] must be an int; got float"),
+    ((1, 2**40), ValueError, r"offsets\[1\] must be in \[1, 2147483647\].*int32.*got 1099511627776"),
+    ((2**63,), ValueError, r"offsets\[0\] must be in .*got 9223372036854775808")])
+def test_bad_offsets_are_refused(offsets, error, match):
+    with pytest.raises(error, match=match):
         plucker_features(torch.randn(1, 4, 3), offsets)
-    with pytest.raises(ValueError, match=match):
+    with pytest.raises(error, match=match):
         CausalGrassmannMixing(8, reduced_dim=3, offsets=offsets)
+    with pytest.raises(error, match=match):
+        receptive_field(offsets, 2)
 
 
 def test_offsets_must_be_a_sequence():

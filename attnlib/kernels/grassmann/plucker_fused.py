@@ -6,25 +6,33 @@ What it computes (``attnlib.grassmann.plucker_projection`` without the bias):
 
     g_t = (1 / K_t) sum_{delta valid at t} W p(z_t, z_{t-delta}) / max(||p||, eps)
 
-Two identities make the fusion cheap. (1) The projection of a Plücker vector is a bilinear form,
-``W p(u, w) = sum_ij u_i w_j Wa[i, j]`` with ``Wa [r, r, d]`` the antisymmetric expansion of
-``W [d, C]`` (built in PyTorch, so its gradient flows back to ``W``). (2) ``p(u, .)`` is linear, so
-with ``u = z_t`` shared by every offset the average collapses onto one partner vector,
+Three identities make the fusion cheap and accurate. (1) The projection of a Plücker vector is a
+bilinear form, ``W p(u, w) = sum_ij u_i w_j Wa[i, j]`` with ``Wa [r, r, d]`` the antisymmetric
+expansion of ``W [d, C]`` (built in PyTorch, so its gradient flows back to ``W``). (2) ``p(u, w)``
+depends on ``w`` only through its part orthogonal to ``u``, ``v = w - (u . w / ||u||^2) u``:
+``p(u, w) = p(u, v)`` and ``||p|| = ||u|| ||v||``, an area without cancellation (Lagrange's
+``||u||^2 ||w||^2 - (u . w)^2`` loses everything when ``w`` is nearly parallel to ``u``). (3) ``p(u, .)``
+is linear, so with ``u = z_t`` shared by every offset the average collapses onto one partner vector,
 
-    w_hat_t = sum_delta c_delta z_{t-delta},      c_delta = valid / (K_t max(||p_delta||, eps)),
-    g_t     = sum_i u_i (w_hat_t @ Wa[i]),
+    w_hat_t = sum_delta c_delta v_delta,      c_delta = valid / (K_t max(||u|| ||v_delta||, eps)),
+    g_t     = sum_i u_i (w_hat_t @ Wa[i]).
 
-and ``||p||^2 = ||u||^2 ||w||^2 - (u . w)^2`` (Lagrange) gives each offset's norm from three dot
-products. Per token: ``O(|W| r)`` for the pairing and norms plus ``2 r^2 d`` for the projection,
-instead of ``O(|W| r^2 d)`` for projecting every offset. (Lagrange's form loses relative accuracy
-when ``u`` and ``w`` are nearly parallel -- about ``eps_machine / sin^2`` of their angle -- where
-the normalised direction is ill-conditioned anyway.)
+Each term ``c v`` has norm at most ``1 / (K_t ||u||)``: a degenerate pair (a repeated token, an exact
+multiple) has ``v`` = 0, and its ``1 / eps`` coefficient multiplies nothing. ``v`` is projected twice
+(the second pass removes the ``~eps_machine / sin`` component along ``u`` the first leaves). Per token:
+``O(|W| r)`` for the pairing and norms plus ``2 r^2 d`` for the projection, instead of ``O(|W| r^2 d)``.
+
+Scale. The launcher hands the kernels ``z_s = s z`` with one power of two ``s_t`` per token (exact)
+putting ``max_i |z_s,t,i|`` in ``[0.5, 1)``, and ``s``: the normalised coordinates do not depend on
+scale, only the ``eps`` comparison does, and it becomes ``||p_s|| > eps s_u s_w`` (floored at the
+smallest normal float32, as the reference). Gradients come back as ``dz = s dz_s``. So ``|z| ~ 1e10`` is as
+accurate as ``|z| ~ 1``.
 
 Tiling.
 
 * ``_fwd_kernel``, grid ``(cdiv(L, BLOCK_T), cdiv(d, BLOCK_D), B)``: a program owns ``BLOCK_T``
-  positions and ``BLOCK_D`` output columns. It loads ``u = z_t`` as a ``[BLOCK_T, BLOCK_R]`` tile,
-  loops over the offsets loading the partner tile ``z_{t-delta}`` (masked to zero where
+  positions and ``BLOCK_D`` output columns. It loads ``u = z_s,t`` as a ``[BLOCK_T, BLOCK_R]`` tile,
+  loops over the offsets loading the partner tile ``z_s,t-delta`` (masked to zero where
   ``t - delta < 0``), accumulates ``w_hat`` in registers, then loops over ``i < r``: one
   ``[BLOCK_T, BLOCK_R] x [BLOCK_R, BLOCK_D]`` dot with ``Wa[i]``, scaled by the column ``u_i``.
   Written back: ``g`` tile, and ``w_hat`` (``[B, L, r]`` float32, by the ``d``-block 0 programs),
@@ -34,12 +42,15 @@ Tiling.
   part of ``du_t``; both ``[B, L, r]`` float32.
 * ``_bwd_z_kernel``, grid ``(cdiv(L, BLOCK_T), B)``: ``dz_s`` gathered, without atomics, from the
   two roles ``z_s`` plays -- as ``u`` at ``t = s`` and as the partner of ``t = s + delta`` -- by
-  recomputing each pair's norm and coefficient (``O(|W| r)`` per token).
+  recomputing each pair's ``v``, norm and coefficient (``O(|W| r)`` per token).
 * ``_bwd_weight_kernel``, grid ``(r, cdiv(d, BLOCK_D), SPLIT)``: ``dWa[i] = sum_t u_{t,i} w_hat_t^T dg_t``,
   one ``[BLOCK_R, BLOCK_D]`` accumulator per program over a contiguous share of the ``B L`` rows;
   the ``SPLIT`` partial sums are added in PyTorch (deterministic, no atomics).
 
-All arithmetic is float32 whatever the input dtype; fp32 inputs use IEEE products (no tf32).
+Precision: the pairing, norms and accumulators are float32 whatever the input dtype; the matrix
+products follow ``kernels/common/precision.py``: IEEE float32 for float32 inputs, 16-bit operands
+(the input dtype) with float32 accumulation for float16/bfloat16 inputs. Every operand is bounded:
+``|u_s| <= 1`` entrywise, ``||w_hat|| <= 2``, ``Wa`` and ``dg`` are inputs.
 """
 
 from __future__ import annotations
@@ -48,55 +59,61 @@ import torch
 import triton
 import triton.language as tl
 
+from ...grassmann import _unit_scale
 from ..common.launch import require_launchable
+from ..common.precision import dot, io_dtype
+
+TINY = torch.finfo(torch.float32).tiny             # the floor of eps s_u s_w, as the reference's
 
 
 @triton.jit
-def _load_rows(zb, rows, rmask_t, offs_r, R, stride_zt, stride_zr):
-    """Rows ``z[rows, :R]`` as a float32 ``[BLOCK_T, BLOCK_R]`` tile, zero where masked."""
-    ptr = zb + rows[:, None] * stride_zt + offs_r[None, :] * stride_zr
-    return tl.load(ptr, mask=rmask_t[:, None] & (offs_r[None, :] < R), other=0.0).to(tl.float32)
-
-
-@triton.jit
-def _positions(Z, stride_zb, b, L, R, BLOCK_T: tl.constexpr, BLOCK_R: tl.constexpr):
-    """``(t, tmask, offs_r, rmask, zb, base, m2)`` of a program that owns ``BLOCK_T`` positions (grid axis 0)
-    of batch ``b``: the positions and ``t < L``, the ``r`` offsets and ``< R``, batch ``b`` of ``z``, and
-    the offsets and mask of these rows in a contiguous ``[B, L, r]`` float32 buffer (``w_hat`` and its kin)."""
+def _positions(b, L, R, BLOCK_T: tl.constexpr, BLOCK_R: tl.constexpr):
+    """``(t, tmask, offs_r, rmask, base, m2)`` of a program that owns ``BLOCK_T`` positions (grid axis 0)
+    of batch ``b``: the positions and ``t < L``, the ``r`` offsets and ``< R``, and the offsets and mask
+    of these rows in a contiguous ``[B, L, r]`` float32 buffer (``z_s``, ``w_hat`` and their kin)."""
     t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     tmask = t < L
     offs_r = tl.arange(0, BLOCK_R)
     rmask = offs_r < R
-    return (t, tmask, offs_r, rmask, Z + b * stride_zb, b * L * R + t[:, None] * R + offs_r[None, :],
-            tmask[:, None] & rmask[None, :])
+    return t, tmask, offs_r, rmask, b * L * R + t[:, None] * R + offs_r[None, :], tmask[:, None] & rmask[None, :]
 
 
 @triton.jit
-def _load_coordinate(zb, t, tmask, i, stride_zt, stride_zr):
-    """The column ``u_i = z[t, i]``, float32 ``[BLOCK_T]`` (0 past ``L``)."""
-    return tl.load(zb + t * stride_zt + i * stride_zr, mask=tmask, other=0.0).to(tl.float32)
+def _load_rows(buf, b, rows, valid, offs_r, L, R):
+    """Rows ``buf[b, rows, :R]`` of a contiguous ``[B, L, R]`` float32 buffer, zero where not ``valid``."""
+    ptr = buf + b * L * R + rows[:, None] * R + offs_r[None, :]
+    return tl.load(ptr, mask=valid[:, None] & (offs_r[None, :] < R), other=0.0)
 
 
 @triton.jit
-def _pair(zb, rows, valid, offs_r, R, stride_zt, stride_zr, u, uu):
-    """Pair ``u`` (with ``uu = ||u||^2``) with the rows ``w = z[rows]`` (zero where not ``valid``): returns
-    ``(w, ||w||^2, u . w, ||p(u, w)||^2)``, the last by Lagrange, ``||u||^2 ||w||^2 - (u . w)^2``, clamped at 0."""
-    w = _load_rows(zb, rows, valid, offs_r, R, stride_zt, stride_zr)
-    ww = tl.sum(w * w, axis=1)
-    uw = tl.sum(u * w, axis=1)
-    return w, ww, uw, tl.maximum(uu * ww - uw * uw, 0.0)
+def _orthogonal(u, uu, su, w, sw, eps, tiny):
+    """For ``u`` (``uu = ||u||^2``, scale ``su``) and partners ``w`` (scales ``sw``), per row:
+    ``(a, v, vv, n, big)`` -- ``v = w - a u`` orthogonal to ``u`` (projected twice), ``vv = ||v||^2``,
+    ``n = max(||u|| ||v||, theta)`` with ``theta = max(eps su sw, tiny)`` (``eps`` in rescaled units),
+    ``big``: whether the area exceeds ``theta`` (the norm, not the floor, is in ``n``)."""
+    uus = tl.where(uu > 0, uu, 1.0)
+    a = tl.sum(u * w, axis=1) / uus
+    v = w - a[:, None] * u
+    a2 = tl.sum(u * v, axis=1) / uus
+    v = v - a2[:, None] * u
+    vv = tl.sum(v * v, axis=1)
+    area = tl.sqrt(uu * vv)
+    theta = tl.maximum(eps * su * sw, tiny)
+    big = area > theta
+    return a + a2, v, vv, tl.where(big, area, theta), big
 
 
 @triton.jit
-def _coefficient_grad(valid, n2, k, dwhat, partner, eps):
-    """For one offset: the coefficient ``c = valid / (K max(||p||, eps))`` and ``f``, twice the derivative
-    of the loss through ``c`` with respect to ``||p||^2`` (zero where the ``eps`` floor holds), given the
-    gradient ``dwhat`` of the partner sum it weights and the ``partner`` row it multiplies."""
-    n = tl.sqrt(n2)
-    big = valid & (n > eps)
-    c = tl.where(valid, 1.0 / (k * tl.maximum(n, eps)), 0.0)
-    dc = tl.sum(dwhat * partner, axis=1)
-    return c, tl.where(big, -c * dc / tl.where(big, n2, 1.0), 0.0)             # d/d(n^2) times 2
+def _dv(c, big, n, uu, v, dwhat):
+    """Gradient of the loss with respect to one pair's ``v`` (through ``c v`` and through ``n``, where
+    ``n`` is the area ``||u|| ||v||``): ``c = valid / (K n)`` gives ``dL/dn = -c (dwhat . v) / n``,
+    and ``dn/dv = uu v / n``, ``dn/du = vv u / n``, so ``dv = c dwhat + qn uu (v / n)`` with
+    ``qn = -c (dwhat . v / n)``: every factor is bounded (``|v / n| = 1 / ||u||``) and none is
+    ``1 / n^2``, which overflows for a small area at large ``|z|`` (``eps s_u s_w`` tiny). The
+    area's pull on ``u`` is ``qn (vv / n) u``; ``qn`` is returned for it."""
+    vn = v / n[:, None]
+    qn = tl.where(big, -c * tl.sum(dwhat * vn, axis=1), 0.0)
+    return c[:, None] * dwhat + (qn * uu)[:, None] * vn, qn
 
 
 @triton.jit
@@ -110,18 +127,18 @@ def _count_valid(t, OFF, NW):
 
 
 @triton.jit
-def _fwd_kernel(Z, WA, OFF, G, WHAT,
-                stride_zb, stride_zt, stride_zr, stride_gb, stride_gt, stride_gd,
-                L, R, D, NW, eps,
-                BLOCK_T: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
-                PRECISION: tl.constexpr):
+def _fwd_kernel(ZS, S, WA, OFF, G, WHAT,
+                stride_gb, stride_gt, stride_gd,
+                L, R, D, NW, eps, tiny,
+                BLOCK_T: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, DT: tl.constexpr):
     pid_d = tl.program_id(1)
     b = tl.program_id(2)
-    t, tmask, offs_r, rmask, zb, base, m2 = _positions(Z, stride_zb, b, L, R, BLOCK_T, BLOCK_R)
+    t, tmask, offs_r, rmask, base, m2 = _positions(b, L, R, BLOCK_T, BLOCK_R)
     offs_e = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
     emask = offs_e < D
 
-    u = _load_rows(zb, t, tmask, offs_r, R, stride_zt, stride_zr)          # [BLOCK_T, BLOCK_R]
+    u = _load_rows(ZS, b, t, tmask, offs_r, L, R)                          # [BLOCK_T, BLOCK_R]
+    su = tl.load(S + b * L + t, mask=tmask, other=1.0)
     uu = tl.sum(u * u, axis=1)
     what = tl.zeros([BLOCK_T, BLOCK_R], dtype=tl.float32)
     cnt = tl.zeros([BLOCK_T], dtype=tl.float32)
@@ -129,10 +146,10 @@ def _fwd_kernel(Z, WA, OFF, G, WHAT,
         delta = tl.load(OFF + k)
         s = t - delta
         valid = tmask & (s >= 0)
-        w, _, _, n2 = _pair(zb, s, valid, offs_r, R, stride_zt, stride_zr, u, uu)
-        n = tl.sqrt(n2)                                                     # ||p(u, w)||, Lagrange
-        c = tl.where(valid, 1.0 / tl.maximum(n, eps), 0.0)
-        what += c[:, None] * w
+        w = _load_rows(ZS, b, s, valid, offs_r, L, R)
+        sw = tl.load(S + b * L + s, mask=valid, other=1.0)
+        _, v, _, n, _ = _orthogonal(u, uu, su, w, sw, eps, tiny)
+        what += tl.where(valid, 1.0 / n, 0.0)[:, None] * v
         cnt += valid.to(tl.float32)
     what = what / tl.maximum(cnt, 1.0)[:, None]
     if pid_d == 0:
@@ -140,23 +157,23 @@ def _fwd_kernel(Z, WA, OFF, G, WHAT,
 
     acc = tl.zeros([BLOCK_T, BLOCK_D], dtype=tl.float32)
     for i in range(R):
-        ui = _load_coordinate(zb, t, tmask, i, stride_zt, stride_zr)
+        ui = tl.load(ZS + b * L * R + t * R + i, mask=tmask, other=0.0)
         wa = tl.load(WA + i * R * D + offs_r[:, None] * D + offs_e[None, :],
-                     mask=rmask[:, None] & emask[None, :], other=0.0).to(tl.float32)   # Wa[i] slice
-        acc += ui[:, None] * tl.dot(what, wa, input_precision=PRECISION)
+                     mask=rmask[:, None] & emask[None, :], other=0.0)      # Wa[i] slice
+        acc += ui[:, None] * dot(what, wa, DT)
     gptr = G + b * stride_gb + t[:, None] * stride_gt + offs_e[None, :] * stride_gd
     tl.store(gptr, acc.to(G.dtype.element_ty), mask=tmask[:, None] & emask[None, :])
 
 
 @triton.jit
-def _bwd_partner_kernel(Z, WA, WHAT, DG, DWHAT, DU,
-                        stride_zb, stride_zt, stride_zr, stride_gb, stride_gt, stride_gd,
+def _bwd_partner_kernel(ZS, WA, WHAT, DG, DWHAT, DU,
+                        stride_gb, stride_gt, stride_gd,
                         L, R, D,
                         BLOCK_T: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
-                        PRECISION: tl.constexpr):
+                        DT: tl.constexpr):
     """dw_hat_t = sum_i u_i (dg_t @ Wa[i]^T);  du_t[i] (direct) = w_hat_t . (dg_t @ Wa[i]^T)."""
     b = tl.program_id(1)
-    t, tmask, offs_r, rmask, zb, base, m2 = _positions(Z, stride_zb, b, L, R, BLOCK_T, BLOCK_R)
+    t, tmask, offs_r, rmask, base, m2 = _positions(b, L, R, BLOCK_T, BLOCK_R)
     what = tl.load(WHAT + base, mask=m2, other=0.0)
     dwhat = tl.zeros([BLOCK_T, BLOCK_R], dtype=tl.float32)
     du = tl.zeros([BLOCK_T, BLOCK_R], dtype=tl.float32)
@@ -164,12 +181,12 @@ def _bwd_partner_kernel(Z, WA, WHAT, DG, DWHAT, DU,
         offs_e = e0 + tl.arange(0, BLOCK_D)
         emask = offs_e < D
         dg = tl.load(DG + b * stride_gb + t[:, None] * stride_gt + offs_e[None, :] * stride_gd,
-                     mask=tmask[:, None] & emask[None, :], other=0.0).to(tl.float32)   # [BLOCK_T, BLOCK_D]
+                     mask=tmask[:, None] & emask[None, :], other=0.0)       # [BLOCK_T, BLOCK_D]
         for i in range(R):
-            ui = _load_coordinate(zb, t, tmask, i, stride_zt, stride_zr)
+            ui = tl.load(ZS + b * L * R + t * R + i, mask=tmask, other=0.0)
             wa_t = tl.load(WA + i * R * D + offs_r[None, :] * D + offs_e[:, None],
-                           mask=rmask[None, :] & emask[:, None], other=0.0).to(tl.float32)  # [BLOCK_D, BLOCK_R]
-            y = tl.dot(dg, wa_t, input_precision=PRECISION)                  # [BLOCK_T, BLOCK_R]
+                           mask=rmask[None, :] & emask[:, None], other=0.0)  # [BLOCK_D, BLOCK_R]
+            y = dot(dg, wa_t, DT)                                            # [BLOCK_T, BLOCK_R]
             dwhat += ui[:, None] * y
             dui = tl.sum(what * y, axis=1)
             du += tl.where(offs_r[None, :] == i, dui[:, None], 0.0)
@@ -178,17 +195,21 @@ def _bwd_partner_kernel(Z, WA, WHAT, DG, DWHAT, DU,
 
 
 @triton.jit
-def _bwd_z_kernel(Z, OFF, DWHAT, DU, DZ,
-                  stride_zb, stride_zt, stride_zr,
-                  L, R, NW, eps,
+def _bwd_z_kernel(ZS, S, OFF, DWHAT, DU, DZ,
+                  L, R, NW, eps, tiny,
                   BLOCK_T: tl.constexpr, BLOCK_R: tl.constexpr):
-    """dz_s = du_s (direct) + [z_s as u: through the norms at t = s]
-                            + [z_s as partner of t = s + delta: coefficient and norm]."""
-    b = tl.program_id(1)
-    s, smask, offs_r, rmask, zb, base, m2 = _positions(Z, stride_zb, b, L, R, BLOCK_T, BLOCK_R)
+    """dz_s = du_s (direct) + [z_s as u at t = s: through each v and each norm]
+                            + [z_s as the partner w of t = s + delta: through v = P_u w].
 
-    x = _load_rows(zb, s, smask, offs_r, R, stride_zt, stride_zr)          # z_s
+    With ``v = w - a u``, ``a = u . w / ||u||^2`` (``P_u`` the projection orthogonal to ``u``):
+    ``dw = P_u dv`` and ``du = -a dv - (u . dv / ||u||^2) (w - 2 a u)``."""
+    b = tl.program_id(1)
+    s, smask, offs_r, rmask, base, m2 = _positions(b, L, R, BLOCK_T, BLOCK_R)
+
+    x = _load_rows(ZS, b, s, smask, offs_r, L, R)                           # z_s (rescaled)
+    sx = tl.load(S + b * L + s, mask=smask, other=1.0)
     xx = tl.sum(x * x, axis=1)
+    xxs = tl.where(xx > 0, xx, 1.0)
     dz = tl.load(DU + base, mask=m2, other=0.0)
     dwhat_s = tl.load(DWHAT + base, mask=m2, other=0.0)
     k_s = tl.maximum(_count_valid(s, OFF, NW), 1.0)
@@ -197,27 +218,35 @@ def _bwd_z_kernel(Z, OFF, DWHAT, DU, DZ,
         # role 1: z_s is u, paired with w = z_{s-delta}
         p = s - delta
         valid = smask & (p >= 0)
-        w, ww, uw, n2 = _pair(zb, p, valid, offs_r, R, stride_zt, stride_zr, x, xx)
-        _, f = _coefficient_grad(valid, n2, k_s, dwhat_s, w, eps)
-        dz += f[:, None] * (ww[:, None] * x - uw[:, None] * w)
+        w = _load_rows(ZS, b, p, valid, offs_r, L, R)
+        sw = tl.load(S + b * L + p, mask=valid, other=1.0)
+        a, v, vv, n, big = _orthogonal(x, xx, sx, w, sw, eps, tiny)
+        c = tl.where(valid, 1.0 / (k_s * n), 0.0)
+        dv, qn = _dv(c, big, n, xx, v, dwhat_s)
+        xdv = tl.sum(x * dv, axis=1) / xxs
+        dz += (qn * (vv / n))[:, None] * x - a[:, None] * dv - xdv[:, None] * (w - 2.0 * a[:, None] * x)
         # role 2: z_s is the partner w of u = z_{s+delta}
         t = s + delta
         valid2 = smask & (t < L)
-        u, uu, ux, n2b = _pair(zb, t, valid2, offs_r, R, stride_zt, stride_zr, x, xx)
-        m2b = valid2[:, None] & rmask[None, :]
-        dwhat_t = tl.load(DWHAT + b * L * R + t[:, None] * R + offs_r[None, :], mask=m2b, other=0.0)
+        u = _load_rows(ZS, b, t, valid2, offs_r, L, R)
+        su = tl.load(S + b * L + t, mask=valid2, other=1.0)
+        uu = tl.sum(u * u, axis=1)
+        _, v2, _, n2, big2 = _orthogonal(u, uu, su, x, sx, eps, tiny)
+        dwhat_t = _load_rows(DWHAT, b, t, valid2, offs_r, L, R)
         k_t = tl.maximum(_count_valid(t, OFF, NW), 1.0)
-        cb, fb = _coefficient_grad(valid2, n2b, k_t, dwhat_t, x, eps)
-        dz += cb[:, None] * dwhat_t + fb[:, None] * (uu[:, None] * x - ux[:, None] * u)
+        c2 = tl.where(valid2, 1.0 / (k_t * n2), 0.0)
+        dv2, _ = _dv(c2, big2, n2, uu, v2, dwhat_t)
+        udv = tl.sum(u * dv2, axis=1) / tl.where(uu > 0, uu, 1.0)
+        dz += dv2 - udv[:, None] * u
     tl.store(DZ + base, dz, mask=m2)
 
 
 @triton.jit
-def _bwd_weight_kernel(Z, WHAT, DG, DWA,
-                       stride_zn, stride_zr, stride_gn, stride_gd,
+def _bwd_weight_kernel(ZS, WHAT, DG, DWA,
+                       stride_gn, stride_gd,
                        N, R, D, ROWS_PER_SPLIT,
                        BLOCK_T: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
-                       PRECISION: tl.constexpr):
+                       DT: tl.constexpr):
     """Partial dWa[split, i, :, e-block] = sum over this split's rows n of u_{n,i} w_hat_n^T dg_n."""
     i = tl.program_id(0)
     pid_d = tl.program_id(1)
@@ -231,12 +260,12 @@ def _bwd_weight_kernel(Z, WHAT, DG, DWA,
     for n0 in range(start, start + ROWS_PER_SPLIT, BLOCK_T):
         rows = n0 + tl.arange(0, BLOCK_T)
         nmask = (rows < N) & (rows < start + ROWS_PER_SPLIT)
-        ui = tl.load(Z + rows * stride_zn + i * stride_zr, mask=nmask, other=0.0).to(tl.float32)
+        ui = tl.load(ZS + rows * R + i, mask=nmask, other=0.0)
         what = tl.load(WHAT + rows[:, None] * R + offs_r[None, :], mask=nmask[:, None] & rmask[None, :],
                        other=0.0)
         dg = tl.load(DG + rows[:, None] * stride_gn + offs_e[None, :] * stride_gd,
-                     mask=nmask[:, None] & emask[None, :], other=0.0).to(tl.float32)
-        acc += tl.dot(tl.trans(ui[:, None] * what), dg, input_precision=PRECISION)
+                     mask=nmask[:, None] & emask[None, :], other=0.0)
+        acc += dot(tl.trans(ui[:, None] * what), dg, DT)
     ptr = DWA + split * R * R * D + i * R * D + offs_r[:, None] * D + offs_e[None, :]
     tl.store(ptr, acc, mask=rmask[:, None] & emask[None, :])
 
@@ -254,67 +283,83 @@ def _blocks(R: int, D: int) -> tuple[int, int]:
     return block_r, block_d
 
 
-def grassmann_fwd(z: torch.Tensor, wa: torch.Tensor, offsets: torch.Tensor, eps: float
-                  ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``z [B, L, r]``, ``wa [r, r, d]`` (contiguous), ``offsets`` int32 on z's device.
-    Returns ``(g [B, L, d] in z's dtype, w_hat [B, L, r] float32)``."""
-    require_launchable(z)
-    B, L, R = z.shape
+def _rescaled(z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(z_s [B, L, r], s [B, L])``, float32 and contiguous: each token times a power of two (exact)."""
+    zs, s = _unit_scale(z.detach().float())
+    return zs.contiguous(), s.contiguous()
+
+
+def _fwd(zs, s, wa, offsets, eps, out_dtype):
+    B, L, R = zs.shape
     D = wa.shape[-1]
-    g = torch.empty(B, L, D, device=z.device, dtype=z.dtype)
-    what = torch.empty(B, L, R, device=z.device, dtype=torch.float32)
+    g = torch.empty(B, L, D, device=zs.device, dtype=out_dtype)
+    what = torch.empty(B, L, R, device=zs.device, dtype=torch.float32)
     if B * L == 0 or D == 0:
         return g.zero_(), what.zero_()
     block_r, block_d = _blocks(R, D)
-    precision = "ieee" if z.dtype == torch.float32 else "tf32"
     grid = (triton.cdiv(L, BLOCK_T), triton.cdiv(D, block_d), B)
-    _fwd_kernel[grid](z, wa, offsets, g, what, *z.stride(), *g.stride(), L, R, D, offsets.numel(),
-                      float(eps), BLOCK_T=BLOCK_T, BLOCK_R=block_r, BLOCK_D=block_d, PRECISION=precision)
+    _fwd_kernel[grid](zs, s, wa, offsets, g, what, *g.stride(), L, R, D, offsets.numel(), float(eps), TINY,
+                      BLOCK_T=BLOCK_T, BLOCK_R=block_r, BLOCK_D=block_d, DT=io_dtype(out_dtype))
     return g, what
 
 
-def grassmann_bwd(z, wa, offsets, eps, what, dg) -> tuple[torch.Tensor, torch.Tensor]:
-    """Gradients ``(dz [B, L, r] float32, dwa [r, r, d] float32)`` for ``dg [B, L, d]``."""
-    B, L, R = z.shape
+def _bwd(zs, s, wa, offsets, eps, what, dg):
+    B, L, R = zs.shape
     D = wa.shape[-1]
     dg = dg.contiguous()
     if B * L == 0 or D == 0:
-        return torch.zeros(B, L, R, device=z.device), torch.zeros(R, R, D, device=z.device)
+        return torch.zeros(B, L, R, device=zs.device), torch.zeros(R, R, D, device=zs.device)
     block_r, block_d = _blocks(R, D)
-    precision = "ieee" if z.dtype == torch.float32 else "tf32"
-    dwhat = torch.empty(B, L, R, device=z.device, dtype=torch.float32)
+    dt = io_dtype(dg.dtype)
+    dwhat = torch.empty(B, L, R, device=zs.device, dtype=torch.float32)
     du = torch.empty_like(dwhat)
     grid = (triton.cdiv(L, BLOCK_T), B)
-    _bwd_partner_kernel[grid](z, wa, what, dg, dwhat, du, *z.stride(), *dg.stride(), L, R, D,
-                              BLOCK_T=BLOCK_T, BLOCK_R=block_r, BLOCK_D=block_d, PRECISION=precision)
-    dz = torch.empty_like(dwhat)
-    _bwd_z_kernel[grid](z, offsets, dwhat, du, dz, *z.stride(), L, R, offsets.numel(), float(eps),
+    _bwd_partner_kernel[grid](zs, wa, what, dg, dwhat, du, *dg.stride(), L, R, D,
+                              BLOCK_T=BLOCK_T, BLOCK_R=block_r, BLOCK_D=block_d, DT=dt)
+    dzs = torch.empty_like(dwhat)
+    _bwd_z_kernel[grid](zs, s, offsets, dwhat, du, dzs, L, R, offsets.numel(), float(eps), TINY,
                         BLOCK_T=BLOCK_T, BLOCK_R=block_r)
     N = B * L
-    zf, gf = z.reshape(N, R), dg.reshape(N, D)
+    gf = dg.reshape(N, D)
     split = max(1, min(64, triton.cdiv(N, 2048)))
     rows = triton.cdiv(triton.cdiv(N, split), BLOCK_T) * BLOCK_T
     split = triton.cdiv(N, rows)
-    dwa = torch.empty(split, R, R, D, device=z.device, dtype=torch.float32)
+    dwa = torch.empty(split, R, R, D, device=zs.device, dtype=torch.float32)
     _bwd_weight_kernel[(R, triton.cdiv(D, block_d), split)](
-        zf, what, gf, dwa, *zf.stride(), *gf.stride(), N, R, D, rows,
-        BLOCK_T=BLOCK_T, BLOCK_R=block_r, BLOCK_D=block_d, PRECISION=precision)
-    return dz, dwa.sum(0)
+        zs, what, gf, dwa, *gf.stride(), N, R, D, rows,
+        BLOCK_T=BLOCK_T, BLOCK_R=block_r, BLOCK_D=block_d, DT=dt)
+    return dzs * s[..., None], dwa.sum(0)                   # dz = s dz_s: s is piecewise constant
+
+
+def grassmann_fwd(z: torch.Tensor, wa: torch.Tensor, offsets: torch.Tensor, eps: float
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``z [B, L, r]``, ``wa [r, r, d]`` (contiguous, z's dtype), ``offsets`` int32 on z's device.
+    Returns ``(g [B, L, d] in z's dtype, w_hat [B, L, r] float32)``; ``w_hat`` is in the rescaled
+    units of :func:`attnlib.grassmann._unit_scale` (what the backward pass takes)."""
+    require_launchable(z)
+    return _fwd(*_rescaled(z), wa, offsets, eps, z.dtype)
+
+
+def grassmann_bwd(z, wa, offsets, eps, what, dg) -> tuple[torch.Tensor, torch.Tensor]:
+    """Gradients ``(dz [B, L, r] float32, dwa [r, r, d] float32)`` for ``dg [B, L, d]`` (z's dtype)."""
+    return _bwd(*_rescaled(z), wa, offsets, eps, what, dg)
 
 
 class _FusedPluckerProjection(torch.autograd.Function):
     @staticmethod
     def forward(ctx, z, wa, offsets, eps):
-        g, what = grassmann_fwd(z, wa, offsets, eps)
-        ctx.save_for_backward(z, wa, offsets, what)
-        ctx.eps = eps
+        require_launchable(z)
+        zs, s = _rescaled(z)
+        g, what = _fwd(zs, s, wa, offsets, eps, z.dtype)
+        ctx.save_for_backward(zs, s, wa, offsets, what)
+        ctx.eps, ctx.z_dtype = eps, z.dtype
         return g
 
     @staticmethod
     def backward(ctx, dg):
-        z, wa, offsets, what = ctx.saved_tensors
-        dz, dwa = grassmann_bwd(z, wa, offsets, ctx.eps, what, dg)
-        return dz.to(z.dtype), dwa.to(wa.dtype), None, None
+        zs, s, wa, offsets, what = ctx.saved_tensors
+        dz, dwa = _bwd(zs, s, wa, offsets, ctx.eps, what, dg.to(ctx.z_dtype))
+        return dz.to(ctx.z_dtype), dwa.to(wa.dtype), None, None
 
 
 def fused_plucker_projection(z: torch.Tensor, wa: torch.Tensor, offsets, eps: float) -> torch.Tensor:
