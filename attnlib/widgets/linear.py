@@ -174,11 +174,11 @@ def linear_attention_weights(q, k, *, feature_map=None, feature_kwargs: dict | N
                              causal: bool = True, normalize: bool = True) -> np.ndarray:
     """The ``[T, T]`` weights of (normalised) linear attention for one head, computed by the library:
     :func:`attnlib.linear_attention` applied to ``v = I_T`` returns, in row ``t``, the weights query
-    ``t`` puts on each value, ``w_tj = phi(q_t) . phi(k_j) / (phi(q_t) . z_t)`` (``scale = 1``).
+    ``t`` puts on each value, ``w_tj = phi(q_t) . phi(k_j) / (phi(q_t) . kappa_t)`` (``scale = 1``).
 
     With a non-negative feature map these rows are a one-sided transport plan whose Gibbs kernel
     ``phi(Q) phi(K)^T`` has rank at most ``D'`` (non-causal) and whose partition function is
-    ``phi(q_t) . z_t``; with the identity map (``feature_map=None``) the rows still sum to one but
+    ``phi(q_t) . kappa_t``; with the identity map (``feature_map=None``) the rows still sum to one but
     can have negative entries, and are no plan.
     """
     from ..linear import linear_attention
