@@ -118,14 +118,20 @@ def lsh_codes(x: torch.Tensor, proj: torch.Tensor, family: str) -> torch.Tensor:
 
 
 def _probability_tensor(name: str, x, lo: float, hi: float, span: str) -> torch.Tensor:
-    """``x`` as a float64 tensor, its values checked to lie in ``[lo, hi]`` where values are checked."""
+    """``x`` as a float64 tensor, its values checked to lie in ``[lo, hi]`` where values are checked.
+
+    The bounds are compared in ``x``'s own dtype (float32 ``pi`` rounds above ``math.pi``:
+    ``torch.linspace(0, math.pi, n)`` must pass), then the float64 copy is clamped to ``[lo, hi]``."""
     if isinstance(x, bool) or not isinstance(x, (int, float, torch.Tensor)):
         raise TypeError(f"{name} must be a number or a tensor; got {type(x).__name__}")
-    x = torch.as_tensor(x, dtype=torch.float64)
-    if _validate.checks_values(x) and not bool(((x >= lo) & (x <= hi)).all()):
-        bad = x[~((x >= lo) & (x <= hi))].flatten()[0].item()
+    x = torch.as_tensor(x)
+    if not x.dtype.is_floating_point:
+        x = x.to(torch.float64)
+    inside = (x >= torch.tensor(lo, dtype=x.dtype)) & (x <= torch.tensor(hi, dtype=x.dtype))
+    if _validate.checks_values(x) and not bool(inside.all()):
+        bad = x[~inside].flatten()[0].item()
         raise ValueError(f"{name} must lie in {span}; got an entry {bad!r}")
-    return x
+    return x.to(torch.float64).clamp(lo, hi)
 
 
 def simhash_collision_probability(theta, n_bits: int = 1):

@@ -561,3 +561,14 @@ def test_grassmann_principal_angles_name_the_degenerate_argument():
         principal_angles(u, w, u, -u)
     with pytest.raises(ValueError, match=r"u1 has non-finite entries"):
         principal_angles(torch.full_like(u, float("nan")), w, u, w)
+
+
+def test_collision_probability_takes_angles_rounded_in_float32_at_the_ends_of_their_range():
+    """float32 pi rounds above math.pi: an angle grid built in float32 is still [0, pi]."""
+    import math
+
+    from attnlib.anna import simhash_collision_probability
+    p = simhash_collision_probability(torch.linspace(0, math.pi, 13))
+    assert p[0] == 1 and p[-1] == 0 and p.dtype == torch.float64
+    with pytest.raises(ValueError, match="theta must lie in"):
+        simhash_collision_probability(torch.tensor([3.15]))
