@@ -52,7 +52,7 @@ lint: install
 	$(VENV)/bin/actionlint .github/workflows/*.yml
 
 unit: install
-	$(VENV)/bin/pytest -p no:cacheprovider tests
+	HYPOTHESIS_PROFILE=ci $(VENV)/bin/pytest -p no:cacheprovider tests
 
 notebooks: install
 	$(KERNEL_ENV) $(VENV)/bin/pytest --nbval-lax -p no:cacheprovider notebooks

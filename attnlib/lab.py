@@ -139,6 +139,11 @@ def setup(seed: int = 0) -> Lab:
     torch.manual_seed(seed)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     quick = device.type == "cpu" and os.environ.get("ATTNBOOK_FULL", "0") != "1"
+    if quick and "OMP_NUM_THREADS" not in os.environ:
+        # Quick mode's tensors are small, and torch's intra-op threads wait on each other: with one
+        # core taken by another process, every op stalls on the thread that was descheduled (a 30 s lab
+        # can take many minutes). One thread loses little when the machine is idle.
+        torch.set_num_threads(1)
     colab = in_colab()
     if colab:  # plotly's FigureWidget is an anywidget: Colab needs its custom widget manager
         try:

@@ -5,8 +5,10 @@
 Every lab reads its seed from ``ATTNBOOK_SEED`` in ``attnlib.lab.setup`` (CI leaves it unset: seed 0).
 For each notebook and seed this runs ``pytest --nbval-lax`` on the notebook with that seed, while
 ``--burners`` busy-looping processes compete for the CPU -- the labs' asserts must hold on any seed
-and however busy the machine is. Without a GPU the Triton kernels run through the interpreter
-(``TRITON_INTERPRET=1``), as in ``make notebooks``.
+and however busy the machine is. The labs run as a reader runs them: no thread setting of this
+script's own (in quick mode ``attnlib.lab.setup`` uses one thread unless ``OMP_NUM_THREADS`` is set).
+Without a GPU the Triton kernels run through the interpreter (``TRITON_INTERPRET=1``), as in
+``make notebooks``.
 
 Prints one row per notebook (a column per seed: ``pass``, or ``FAIL`` and the first failing cell)
 with the wall time of each run, and the total. Exit code 0 only if every run passed.
@@ -52,7 +54,6 @@ def run_one(notebook: Path, seed: int, timeout: float) -> tuple[bool, str, float
     """Run one notebook at one seed; returns (passed, first failing cell or '', wall seconds)."""
     env = {**os.environ, "ATTNBOOK_SEED": str(seed), "PYTHONPATH": f"{ROOT}{os.pathsep}"
            + os.environ.get("PYTHONPATH", "")}
-    env.setdefault("OMP_NUM_THREADS", "1")
     if not has_gpu():
         env["TRITON_INTERPRET"] = "1"
     cmd = [sys.executable, "-m", "pytest", "--nbval-lax", "-q", "-p", "no:cacheprovider", str(notebook)]

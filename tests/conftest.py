@@ -6,6 +6,11 @@ import os
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import pytest  # noqa: E402
+from hypothesis import settings  # noqa: E402
+
+# `make test` sets HYPOTHESIS_PROFILE=ci: the same examples on every run, so a red CI reproduces.
+settings.register_profile("ci", derandomize=True, print_blob=True)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 from attnlib.metrics import rel_rms  # noqa: E402  (the tolerance measure used throughout)
 
