@@ -18,6 +18,9 @@ HTML     := _build/html
 # Without a GPU, run the Triton kernels through Triton's interpreter (tests and labs use small shapes).
 HAS_GPU  := $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1)
 KERNEL_ENV := $(if $(HAS_GPU),,TRITON_INTERPRET=1)
+# Notebooks executed here (nbval, the book build) show no tqdm bars: the built pages would keep them as
+# text. tqdm (>= 4.66) reads TQDM_DISABLE when it is imported; a reader running a lab still sees them.
+NB_ENV   := $(KERNEL_ENV) TQDM_DISABLE=1
 PIP      := $(PY) -m pip install --quiet --disable-pip-version-check
 
 .PHONY: help install book test lint unit notebooks book-build browser bench seeds clean
@@ -45,7 +48,7 @@ book: install book-build
 	@echo "The book is built: open $(abspath $(HTML))/index.html"
 
 book-build: install
-	$(KERNEL_ENV) $(VENV)/bin/jupyter-book build . --warningiserror --keep-going
+	$(NB_ENV) $(VENV)/bin/jupyter-book build . --warningiserror --keep-going
 
 lint: install
 	$(VENV)/bin/ruff check attnlib tests benchmarks scripts notebooks
@@ -55,7 +58,7 @@ unit: install
 	HYPOTHESIS_PROFILE=ci $(VENV)/bin/pytest -p no:cacheprovider tests
 
 notebooks: install
-	$(KERNEL_ENV) $(VENV)/bin/pytest --nbval-lax -p no:cacheprovider notebooks
+	$(NB_ENV) $(VENV)/bin/pytest --nbval-lax -p no:cacheprovider notebooks
 
 browser: install
 	@command -v chromium >/dev/null || { echo "chromium not found: apt-get install -y chromium"; exit 1; }

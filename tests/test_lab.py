@@ -44,3 +44,24 @@ def test_derived_seeds_are_distinct_across_offsets_and_lab_seeds(monkeypatch):
     a, b = setup(seed=0), setup(seed=1)
     assert len(set(a.seeds(5)) | set(b.seeds(5))) == 10
     assert a.derive(0) != a.derive(1)
+
+
+def test_notebooks_executed_by_make_show_no_progress_bars():
+    """The Makefile runs notebooks (nbval, the book build) with TQDM_DISABLE=1, which the installed
+    tqdm honours: the built pages carry no "100% 8/8" bars, while a reader's own run keeps them."""
+    import os
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    make = Path(__file__).resolve().parents[1].joinpath("Makefile").read_text()
+    assert re.search(r"^NB_ENV\s*:=.*\bTQDM_DISABLE=1\b", make, re.M)
+    for command in ("jupyter-book build", "pytest --nbval-lax"):
+        lines = [ln for ln in make.splitlines() if command in ln]
+        assert lines and all("$(NB_ENV)" in ln for ln in lines), command
+    check = "from tqdm.auto import tqdm; import sys; sys.exit(0 if tqdm(range(2), file=sys.stdout).disable else 1)"
+    env = {k: v for k, v in os.environ.items() if k != "TQDM_DISABLE"}
+    assert subprocess.run([sys.executable, "-c", check], env={**env, "TQDM_DISABLE": "1"},
+                          capture_output=True).returncode == 0
+    assert subprocess.run([sys.executable, "-c", check], env=env, capture_output=True).returncode == 1

@@ -196,3 +196,90 @@ def test_launch_bytes_figure_stacks_launches_per_token_and_head_with_a_step_per_
     assert first == [("attnlib fwd", 5.0), ("fla fwd", 4.0), ("fla fwd", 4.0), ("attnlib bwd", 10.0), ("fla bwd", 16.0)]
     second = [(t.x[0], t.y[0]) for t in fig.frames[1].data if t.x[0] is not None]
     assert second == [("attnlib fwd", 5.0), ("fla fwd", 8.0), ("attnlib bwd", 10.0), ("fla bwd", 16.0)]
+
+
+# ------------------------------------------------- slider steps that change size keep showing all of it
+#
+# A slider step (Plotly.animate) replaces traces and applies the frame's own ``layout``; it does not
+# re-autorange the axes. A step is shown whole only if the range in force for it -- the frame's own,
+# else the figure's, else the autorange of the data the figure opened with -- covers its data.
+
+def _extent(values):
+    v = [x for x in values if x is not None]
+    if any(isinstance(x, str) for x in v):               # categorical: positions 0 .. n-1
+        return 0.0, float(len(v) - 1)
+    v = [float(x) for x in v]
+    return min(v), max(v)
+
+
+def _range_in_force(fig, frame, axis, opening):
+    """``opening``: the range Plotly's autorange gives the data the figure opens with."""
+    own = frame.layout[axis].range if frame.layout is not None else None
+    if own is not None:
+        return tuple(own)
+    if fig.layout[axis].range is not None:
+        return tuple(fig.layout[axis].range)
+    return tuple(opening)                                # autorange of the opening data, kept for every step
+
+
+def _heatmap_columns(trace):
+    n = np.asarray(trace.z).shape[1]
+    return list(range(n)) if trace.x is None else list(trace.x)
+
+
+def test_plucker_features_figure_shows_every_column_of_every_step():
+    from attnlib.grassmann import pair_indices
+    from attnlib.widgets.grassmann import features_figure
+    fig = features_figure(torch.randn(10, 6, dtype=torch.float64), [3, 6], [1, 4])
+    opening = _extent(_heatmap_columns(fig.data[0]))
+    for fr in fig.frames:
+        (hm,) = fr.data
+        cols = _heatmap_columns(hm)
+        r = int(fr.name.split(",")[0].removeprefix("r="))
+        assert len(cols) == np.asarray(hm.z).shape[1] == len(pair_indices(r)[0])
+        lo, hi = _extent(cols)
+        shown = _range_in_force(fig, fr, "xaxis", (opening[0] - 0.5, opening[1] + 0.5))
+        assert shown[0] <= lo - 0.5 and shown[1] >= hi + 0.5, f"{fr.name}: x-range {shown} misses columns"
+    for fr in fig.frames:                                # each column is labelled with its pair (i, j)
+        i, j = pair_indices(int(fr.name.split(",")[0].removeprefix("r=")))
+        assert list(fr.layout.xaxis.ticktext) == [f"({a},{b})" for a, b in zip(i.tolist(), j.tolist())]
+
+
+def test_launch_bytes_figure_axes_cover_every_step():
+    from attnlib.experiments.kernels import Launch
+    from attnlib.widgets.kernels import launch_bytes_figure
+    per_shape = {"1x1x8x4": {"attnlib": [Launch("fwd", "a", 80, None)]},
+                 "1x1x8x8": {"attnlib": [Launch("fwd", "a", 800, None), Launch("bwd", "b", 400, None)]}}
+    fig = launch_bytes_figure(per_shape, title="t")
+
+    def stacks(data):
+        out = {}
+        for t in data:
+            if t.x[0] is not None:
+                out[t.x[0]] = out.get(t.x[0], 0.0) + t.y[0]
+        return out
+
+    first = stacks(fig.data)
+    for fr in fig.frames:
+        st = stacks(fr.data)
+        y = _range_in_force(fig, fr, "yaxis", (0.0, max(first.values())))
+        assert y[0] <= 0 and y[1] >= max(st.values()), fr.name
+        x = _range_in_force(fig, fr, "xaxis", (-0.5, len(first) - 0.5))
+        assert x[1] - x[0] >= len(st), fr.name                      # every bar of the step has a slot
+        assert set(st) <= set(fig.layout.xaxis.categoryarray or first)
+
+
+def test_crossover_figure_x_range_covers_every_head_dim():
+    from attnlib.widgets import linear as lw
+    m = {16: {"T": [64, 128, 256], "softmax": [1, 4, 16], "linear": [2, 4, 8]},
+         64: {"T": [256, 1024, 4096], "softmax": [16, 256, 4096], "linear": [8, 32, 128]}}
+    fig = lw.crossover_figure(m)
+
+    def extent(data):
+        return _extent([x for t in data if t.x is not None for x in t.x])
+
+    opening = np.log10(extent(fig.data))                 # log axis: the range is in log10 units
+    for fr in fig.frames:
+        lo, hi = extent(fr.data)
+        x = _range_in_force(fig, fr, "xaxis", opening)
+        assert 10 ** x[0] <= lo and 10 ** x[1] >= hi, fr.name

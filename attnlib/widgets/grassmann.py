@@ -71,16 +71,24 @@ def features_figure(z: torch.Tensor, rs: Sequence[int], offsets: Sequence[int]) 
     for r in rs:
         i, j = pair_indices(r)
         cols = [f"({a},{b})" for a, b in zip(i.tolist(), j.tolist())]
+        # Numeric columns with per-frame tick labels and x-range: a step with a larger r has more
+        # columns than the first, and a frame that did not set its own range would show only the
+        # first frame's columns.
+        xaxis = dict(range=[-0.5, len(cols) - 0.5], tickvals=list(range(len(cols))), ticktext=cols,
+                     title="coordinate (i, j)")
         feats = plucker_features(z[None, :, :r], tuple(offsets), backend="torch")[0]     # [L, W, C]
         for k, delta in enumerate(offsets):
             name = f"r={r}, delta={delta}"
-            frames.append(go.Frame(name=name, data=[go.Heatmap(z=feats[:, k].numpy(), x=cols, zmin=-1, zmax=1,
-                                                               colorscale="RdBu", colorbar=dict(title="p_ij"))],
-                                   layout=go.Layout(title=f"normalised Plücker coordinates, {name}")))
+            fk = feats[:, k].numpy()
+            frames.append(go.Frame(name=name, data=[go.Heatmap(
+                z=fk, x=list(range(len(cols))), zmin=-1, zmax=1, colorscale="RdBu", colorbar=dict(title="p_ij"),
+                text=[cols] * fk.shape[0],
+                hovertemplate="position %{y}, coordinate %{text}: %{z:.3f}<extra></extra>")],
+                layout=go.Layout(title=f"normalised Plücker coordinates, {name}", xaxis=xaxis)))
             labels.append(name)
     fig = go.Figure(data=frames[0].data, layout=dict(height=460, title=frames[0].layout.title.text,
-                                                     xaxis_title="coordinate (i, j)", yaxis_title="position t",
-                                                     yaxis_autorange="reversed"))
+                                                     xaxis=frames[0].layout.xaxis, yaxis_autorange="reversed"))
+    fig.update_layout(yaxis_title="position t")
     return add_frame_slider(fig, frames, labels, prefix="")
 
 

@@ -51,8 +51,19 @@ def launch_bytes_figure(per_shape: Mapping[str, Mapping[str, Sequence[Launch]]],
               for s, b in bars.items()}
     shapes = list(padded)
     fig = go.Figure(data=padded[shapes[0]])
+    # A slider step redraws the traces but keeps the axes it opened with: fix both axes to cover
+    # every step (all bar categories, the tallest stack), not only the first one.
+    cats, top = [], 0.0
+    for b in bars.values():
+        stack: dict[str, float] = {}
+        for tr in b:
+            stack[tr.x[0]] = stack.get(tr.x[0], 0.0) + float(tr.y[0])
+        cats += [c for c in stack if c not in cats]
+        top = max([top, *stack.values()])
     fig.update_layout(barmode="stack", title=title, height=480, margin=dict(t=70, b=40),
-                      yaxis_title="bytes touched per (batch, head, token)", xaxis_title="library and pass")
+                      yaxis=dict(title="bytes touched per (batch, head, token)", range=[0, 1.05 * top or 1.0]),
+                      xaxis=dict(title="library and pass", type="category", categoryorder="array",
+                                 categoryarray=cats, range=[-0.5, len(cats) - 0.5]))
     frames = [go.Frame(data=padded[s], name=s) for s in shapes]
     return add_frame_slider(fig, frames, [s.replace("x", "\u00d7") for s in shapes], prefix="B\u00d7H\u00d7T\u00d7D = ")
 

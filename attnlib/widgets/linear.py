@@ -126,7 +126,10 @@ def crossover_figure(measurements: Mapping[int, Mapping[str, Sequence[float]]], 
         return out
 
     fig = go.Figure(traces(Ds[0]))
-    fig.update_xaxes(type="log", title_text="sequence length T")
+    # Every step keeps the axes the figure opened with: cover every D's lengths, not only the first's.
+    all_T = [float(t) for r in measurements.values() for t in r["T"]]
+    fig.update_xaxes(type="log", title_text="sequence length T",
+                     range=[math.log10(min(all_T)) - 0.05, math.log10(max(all_T)) + 0.05])
     fig.update_yaxes(type="log", title_text="CPU time (ms)", range=[math.log10(lo) - 0.1,
                                                                      math.log10(hi) + 0.1])
     fig.update_layout(height=460, title="Causal softmax vs linear attention (CPU, one thread)")
