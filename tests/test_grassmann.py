@@ -526,6 +526,7 @@ def test_dependence_lags_are_exactly_the_sums_of_at_most_depth_offsets():
     lags = gx.dependence_lags(model, 40)
     assert lags == {k for k in gx.reachable_lags(offsets, 2) if k < 40}
     assert 31 not in lags and 32 in lags                     # 31 needs three offsets; 32 = 16 + 16
+    assert model.emb.weight.dtype == torch.float32 and model.training    # the caller's model is untouched
 
 
 def test_training_runs_and_summary_reports_gap():

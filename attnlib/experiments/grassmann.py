@@ -19,6 +19,7 @@ mixers have nearly the same number of parameters (the paper's d = 256, r = 32 is
 
 from __future__ import annotations
 
+import copy
 import math
 import statistics
 import sys
@@ -32,6 +33,7 @@ import torch.nn.functional as F
 
 from ..attention import softmax_attention
 from ..grassmann import CausalGrassmannMixing, plucker_features, valid_counts
+from .linear import count_flops
 
 CORPUS_FILES = tuple(f + ".py" for f in sorted(
     "abc argparse ast bisect calendar colorsys contextlib copy csv dataclasses difflib enum fnmatch "
@@ -332,15 +334,6 @@ def summarise(runs: list[dict]) -> list[dict]:
 # Cost: counted FLOPs, and the crossover with attention
 # ---------------------------------------------------------------------------------------------
 
-def counted_flops(fn, *args) -> int:
-    """FLOPs that ``torch.utils.flop_counter`` attributes to ``fn(*args)``: matrix products only
-    (elementwise work -- the Plücker products themselves, norms, gates -- is not counted)."""
-    from torch.utils.flop_counter import FlopCounterMode
-    with FlopCounterMode(display=False) as counter:
-        fn(*args)
-    return counter.get_total_flops()
-
-
 def grassmann_mixing_paper_order(layer: CausalGrassmannMixing, h: torch.Tensor) -> torch.Tensor:
     """The layer's mixing signal ``g`` computed in the published order: every offset's coordinates
     projected to width ``d`` (a ``[B, L, |W|, d]`` product), then averaged. Equal to
@@ -358,7 +351,8 @@ def mixer_flops(L: int, d: int, r: int, offsets, n_heads: int = 8) -> dict[str, 
     """Counted FLOPs of one token mixer on a ``[1, L, d]`` input: the whole Grassmann layer (reduce,
     projection, gate) with its signal in the published order and in the library's (average first,
     project once), and causal softmax attention with its four projections (the reference computes all
-    ``L^2`` scores, then masks)."""
+    ``L^2`` scores, then masks). Matrix products only (``count_flops``): the elementwise work -- the
+    Plücker products themselves, norms, gates -- is not counted."""
     h = torch.zeros(1, L, d)
     layer = CausalGrassmannMixing(d, r, offsets, mode="features", backend="torch")
     attn = CausalSelfAttention(d, n_heads)
@@ -367,9 +361,9 @@ def mixer_flops(L: int, d: int, r: int, offsets, n_heads: int = 8) -> dict[str, 
 
     with torch.no_grad():
         return dict(
-            grassmann_paper_order=counted_flops(paper_order, h),
-            grassmann_average_first=counted_flops(layer, h),
-            attention=counted_flops(attn, h),
+            grassmann_paper_order=count_flops(lambda: paper_order(h)),
+            grassmann_average_first=count_flops(lambda: layer(h)),
+            attention=count_flops(lambda: attn(h)),
         )
 
 
@@ -399,10 +393,11 @@ def reachable_lags(offsets, depth: int) -> set[int]:
 
 def dependence_lags(model: _ByteLM, L: int, *, generator: torch.Generator | None = None) -> set[int]:
     """The lags ``k`` at which the last position's output depends on the input ``k`` steps back,
-    measured by the gradient of the last output with respect to every input embedding."""
+    measured by the gradient of the last output with respect to every input embedding, on a float64
+    copy of ``model`` (the caller's model keeps its dtype and mode)."""
     x = torch.randn(1, L, model.emb.weight.shape[1], generator=generator, dtype=torch.float64,
                     requires_grad=True)
-    model = model.double().eval()
+    model = copy.deepcopy(model).double().eval()
     out = model.forward_embedded(x)[0, -1]
     (g,) = torch.autograd.grad(out.square().sum(), x)
     norms = g[0].norm(dim=-1)
@@ -410,5 +405,5 @@ def dependence_lags(model: _ByteLM, L: int, *, generator: torch.Generator | None
 
 
 __all__ = ["CORPUS_FILES", "PUBLISHED", "stdlib_corpus", "GrassmannLM", "TransformerLM", "LMConfig", "QUICK",
-           "FULL", "build", "matched_sizes", "train_lm", "compare", "summarise", "counted_flops", "mixer_flops",
+           "FULL", "build", "matched_sizes", "train_lm", "compare", "summarise", "mixer_flops",
            "grassmann_mixing_paper_order", "crossover", "reachable_lags", "dependence_lags", "n_params"]
