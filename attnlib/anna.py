@@ -102,7 +102,7 @@ def lsh_codes(x: torch.Tensor, proj: torch.Tensor, family: str) -> torch.Tensor:
     crosspolytope: the ``z`` hashes in ``[0, 2D)`` are digits of a base-``2D`` number.
     Projections are computed in float32 (float64 for float64 inputs) whatever the input dtype.
     """
-    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+    acc = acc_dtype(x.dtype)
     xa = x.to(acc)
     if family == "simhash":
         n_bits = proj.shape[-1]

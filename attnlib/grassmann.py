@@ -57,6 +57,7 @@ import torch.nn as nn
 
 from . import _validate
 from ._backend import choose_backend
+from ._numerics import acc_dtype
 
 PAIRINGS = ("causal", "paper")
 MODES = ("features", "collapsed")
@@ -76,13 +77,9 @@ def pair_indices(r: int, device=None) -> tuple[torch.Tensor, torch.Tensor]:
     return ij[0], ij[1]
 
 
-def _acc(dtype: torch.dtype) -> torch.dtype:
-    return torch.float64 if dtype == torch.float64 else torch.float32
-
-
 def _widen(x: torch.Tensor) -> torch.Tensor:
     """``x`` in float32 if it is a 16-bit float (products of it then fit), else as it is."""
-    return x.to(_acc(x.dtype))
+    return x.to(acc_dtype(x.dtype))
 
 
 def _check_vectors(name: str, x) -> torch.Tensor:
@@ -182,7 +179,7 @@ def principal_angles(u1: torch.Tensor, w1: torch.Tensor, u2: torch.Tensor, w2: t
     if not (u1.shape == w1.shape == u2.shape == w2.shape):
         raise ValueError(f"u1, w1, u2, w2 have shapes {tuple(u1.shape)}, {tuple(w1.shape)}, "
                          f"{tuple(u2.shape)}, {tuple(w2.shape)}; expected one shape [..., r]")
-    acc = _acc(u1.dtype)
+    acc = acc_dtype(u1.dtype)
     planes = [(u1.to(acc), w1.to(acc), "u1", "w1"), (u2.to(acc), w2.to(acc), "u2", "w2")]
     if _validate.checks_values(u1):
         for name, x in named:
@@ -301,7 +298,7 @@ def plucker_features(z: torch.Tensor, offsets: Sequence[int] = DEFAULT_OFFSETS, 
         raise ValueError(f"pairing must be one of {PAIRINGS}; got {pairing!r}")
     choose_backend(backend, z, why_not="plucker_features returns the unprojected [B, L, |W|, C(r,2)] "
                    "tensor, which only the reference builds; the fused kernel is plucker_projection's")
-    zs, s = _unit_scale(z.to(_acc(z.dtype)))
+    zs, s = _unit_scale(z.to(acc_dtype(z.dtype)))
     feats = []
     for delta in offsets:
         other, valid = _partner(zs, delta, pairing)
@@ -350,7 +347,7 @@ def plucker_projection_collapsed(z: torch.Tensor, weight: torch.Tensor, offsets:
     (near) zero instead of one parallel to ``z_t``, whose cancellation in ``p(z_t, .)`` would be lost
     to rounding. Tokens are rescaled first (see the module's notes on numerics).
     """
-    acc = _acc(z.dtype)
+    acc = acc_dtype(z.dtype)
     u, s = _unit_scale(z.to(acc))
     K = valid_counts(z.shape[1], offsets, pairing=pairing, device=z.device).clamp_min(1).to(acc)
     uu = u.square().sum(-1)
