@@ -491,8 +491,14 @@ def match2_partner_mass(model: TinyModel, *, n: int, seed: int, plan: str = "own
     layer = model.attn[0]
     q, k = layer.unit_qk(model.embed(x))
     s = layer.logits(q, k) if plan == "own" else surrogate_logits(q, k, "simhash_limit", n_bits=n_bits)
-    w = torch.softmax(s, -1)[:, 0]
+    return partner_share(torch.softmax(s, -1)[:, 0], x, y, M)
+
+
+def partner_share(w: torch.Tensor, x: torch.Tensor, y: torch.Tensor, M: int) -> float:
+    """The share of the attention ``w [n, N, N]`` on Match2 sequences ``x [n, N]`` (labels ``y``) that
+    lands on partner keys (``x_i + x_j = 0 mod M``), averaged over the tokens that have a partner."""
+    x = x.to(w.device)
     is_partner = (x[:, :, None] + x[:, None, :]) % M == 0                      # [n, i, j]
     mass = (w * is_partner).sum(-1)                                            # [n, i]
-    has = y.to(device).bool()
+    has = y.to(w.device).bool()
     return (mass[has].sum() / has.sum()).item()
