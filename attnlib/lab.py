@@ -2,6 +2,7 @@
 
     from attnlib.lab import setup
     lab = setup(seed=0)          # lab.device, lab.quick, lab.scale(small, large), lab.triton_kernels
+    lab.check("the plan's rows sum to 1", err < 1e-12, f"max error {err:.1e}")   # ✓ on the page
 
 Quick mode (the default on a CPU: CI's 2 cores must run each notebook in about a minute) shrinks
 the experiments; on a GPU, or with ``ATTNBOOK_FULL=1``, they run at full scale.
@@ -26,6 +27,10 @@ import torch
 REPOSITORY_RAW = "https://raw.githubusercontent.com/attention-as-transport/attention-as-transport/main"
 
 
+class LabCheckFailed(AssertionError):
+    """A lab's claim did not hold: the message names the claim and the numbers measured."""
+
+
 @dataclass(frozen=True)
 class Lab:
     seed: int
@@ -46,6 +51,27 @@ class Lab:
         """An integer seed for a library function's ``seed=`` argument, derived from the lab's seed
         (distinct offsets give distinct seeds; distinct lab seeds give disjoint ranges)."""
         return self.seed * 100_003 + offset
+
+    def check(self, claim: str, condition, detail: str = "") -> None:
+        """A claim the page verifies, shown to the reader: prints ``✓ claim  (detail)`` when
+        ``condition`` holds and raises :class:`LabCheckFailed` with the same text when it does not.
+
+        ``detail`` carries the measured numbers (and the margin they are held to), so the page shows
+        what was verified and by how much, not only that it passed. ``condition`` may be a Python or
+        NumPy bool, or a one-element tensor."""
+        if not isinstance(claim, str) or not claim:
+            raise TypeError(f"check: claim must be a non-empty str; got {claim!r}")
+        if hasattr(condition, "item"):
+            if getattr(condition, "numel", lambda: getattr(condition, "size", 1))() != 1:
+                raise ValueError(f"check {claim!r}: condition must be a single truth value; "
+                                 f"got an array of shape {tuple(condition.shape)}")
+            condition = condition.item()
+        if not isinstance(condition, (bool, np.bool_)):
+            raise TypeError(f"check {claim!r}: condition must be a bool; got {type(condition).__name__}")
+        line = f"{claim}  ({detail})" if detail else claim
+        if not condition:
+            raise LabCheckFailed(f"✗ {line}")
+        print(f"✓ {line}")
 
     def glue(self, name: str, value) -> None:
         """Hand a number or text to the chapter page (myst-nb's ``glue``; the page writes

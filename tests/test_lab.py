@@ -4,7 +4,7 @@ import plotly.io as pio
 import pytest
 import torch
 
-from attnlib.lab import setup
+from attnlib.lab import LabCheckFailed, setup
 
 
 def test_setup_seeds_and_picks_quick_mode_on_cpu(monkeypatch):
@@ -65,3 +65,27 @@ def test_notebooks_executed_by_make_show_no_progress_bars():
     assert subprocess.run([sys.executable, "-c", check], env={**env, "TQDM_DISABLE": "1"},
                           capture_output=True).returncode == 0
     assert subprocess.run([sys.executable, "-c", check], env=env, capture_output=True).returncode == 1
+
+
+def test_check_prints_the_claim_and_its_numbers_when_it_holds(capsys):
+    lab = setup(seed=0)
+    lab.check("rows sum to one", torch.tensor(1e-13) < 1e-12, "max error 1.0e-13")
+    assert capsys.readouterr().out == "✓ rows sum to one  (max error 1.0e-13)\n"
+
+
+def test_check_raises_with_the_numbers_when_the_claim_fails():
+    lab = setup(seed=0)
+    with pytest.raises(LabCheckFailed, match=r"✗ error below 0.1  \(measured 0.3\)"):
+        lab.check("error below 0.1", 0.3 < 0.1, "measured 0.3")
+    with pytest.raises(AssertionError):  # nbval and plain pytest see an ordinary failed assert
+        lab.check("false", False)
+
+
+def test_check_refuses_what_is_not_one_truth_value():
+    lab = setup(seed=0)
+    with pytest.raises(ValueError, match="single truth value"):
+        lab.check("all close", torch.ones(3) > 0)
+    with pytest.raises(TypeError, match="must be a bool"):
+        lab.check("a number is not a claim", 0.5)
+    with pytest.raises(TypeError, match="non-empty str"):
+        lab.check("", True)
