@@ -365,14 +365,15 @@ def test_plan_figure_has_one_frame_per_setting_and_anna_rows_sum_to_one_or_zero(
 
 
 def test_plan_explorer_redraws_anna_panels_when_a_slider_moves():
-    from attnlib.widgets.anna import anna_plan, anna_plan_explorer
+    from attnlib.experiments.weights import anna_weights
+    from attnlib.widgets.anna import anna_plan_explorer
     g = torch.Generator().manual_seed(1)
     k = torch.nn.functional.normalize(torch.randn(6, 4, generator=g, **F64), dim=-1)
     box = anna_plan_explorer(k, k, seed=2)
     l_slider, z_slider, _ = box.children[0].children
     fig = box.children[1]
     z_slider.value = 1
-    want = anna_plan(k, k, 4, 1, seed=2).numpy()
+    want = anna_weights(k, k, 4, 1, seed=2).numpy()
     assert torch.allclose(torch.tensor([list(r) for r in fig.data[3].z], **F64), torch.from_numpy(want.copy()))
 
 

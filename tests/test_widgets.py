@@ -85,7 +85,8 @@ def test_deltanet_figures_have_a_frame_per_step_and_show_the_stability_edge():
     g = torch.Generator().manual_seed(0)
     k = torch.nn.functional.normalize(torch.randn(30, 6, generator=g, dtype=torch.float64), dim=-1)
     v = torch.randn(30, 4, generator=g, dtype=torch.float64)
-    S_lin = wdn.state_trajectory(k, v, 1.0, rule="linear")
+    from attnlib.experiments.recall import state_trajectory
+    S_lin = state_trajectory(k, v, 1.0, rule="linear")
     torch.testing.assert_close(S_lin[-1], v.T @ k)                   # S_T = sum_t v_t k_t^T
     fig = wdn.singular_values_figure(k, v, 1.0, steps=[1, 10, 30])
     assert len(fig.frames) == 3 and len(fig.layout.sliders[0].steps) == 3
@@ -94,7 +95,7 @@ def test_deltanet_figures_have_a_frame_per_step_and_show_the_stability_edge():
     ok, bad = (max(fr.data[0].y) for fr in fig.frames)
     assert ok < 10 < 1e3 < bad
     with pytest.raises(ValueError, match="rule must be"):
-        wdn.state_trajectory(k, v, 1.0, rule="softmax")
+        state_trajectory(k, v, 1.0, rule="softmax")
 
 
 # --- the transport thread: weights beside softmax's plan ------------------------------------------
@@ -105,7 +106,11 @@ def test_weights_comparison_figure_has_a_frame_per_step_and_validates_panels():
     fig = widgets.weights_comparison_figure(steps, ["a", "b"], prefix="x = ", title="t")
     assert len(fig.frames) == 2 and len(fig.data) == 2
     assert "min -1.00" in fig.frames[0].layout.title.text and "row sums 2.00..2.00" in fig.frames[1].layout.title.text
-    assert fig.data[0].zmin == -2.0 and fig.data[0].zmax == 2.0          # one symmetric scale for all
+    # each panel its own symmetric scale, spanning that panel's largest |entry| over the steps
+    assert [fig.layout[t.coloraxis].cmax for t in fig.data] == [1.0, 2.0]
+    assert [fig.layout[t.coloraxis].cmin for t in fig.data] == [-1.0, -2.0]
+    capped = widgets.weights_comparison_figure(steps, ["a", "b"], prefix="", title="t", zmax={"other": 1.5})
+    assert [capped.layout[t.coloraxis].cmax for t in capped.data] == [1.0, 1.5]
     with pytest.raises(ValueError, match="expected \\['softmax', 'other'\\]"):
         widgets.weights_comparison_figure([steps[0], {"softmax": W}], ["a", "b"], prefix="", title="")
     with pytest.raises(ValueError, match="finite"):
@@ -115,34 +120,34 @@ def test_weights_comparison_figure_has_a_frame_per_step_and_validates_panels():
 
 
 def test_normalised_linear_attention_weights_are_a_plan_only_with_positive_features():
-    from attnlib.widgets import linear as lw
+    from attnlib.experiments.weights import linear_attention_weights
     g = torch.Generator().manual_seed(0)
     q, k = (0.5 * torch.randn(12, 6, generator=g, dtype=torch.float64) for _ in range(2))
     for fm in ("elu1", "favor+"):
-        W = lw.linear_attention_weights(q, k, feature_map=fm)
+        W = linear_attention_weights(q, k, feature_map=fm).numpy()
         assert np.allclose(W.sum(1), 1, atol=1e-4) and W.min() >= 0
         assert np.allclose(np.triu(W, 1), 0)                              # causal
-    W_id = lw.linear_attention_weights(q, k)
+    W_id = linear_attention_weights(q, k).numpy()
     assert np.allclose(W_id.sum(1), 1, atol=1e-3) and W_id.min() < 0
     # the weights are what the library computes: W @ V equals the output for any V
     from attnlib import linear_attention
     v = torch.randn(1, 1, 12, 3, generator=g, dtype=torch.float64)
     o = linear_attention(q[None, None], k[None, None], v, scale=1.0, feature_map="elu1", normalize=True)
-    assert np.allclose(lw.linear_attention_weights(q, k, feature_map="elu1") @ v[0, 0].numpy(), o[0, 0].numpy())
+    assert np.allclose(linear_attention_weights(q, k, feature_map="elu1") @ v[0, 0], o[0, 0])
 
 
 def test_delta_rule_implied_weights_match_su_and_turn_negative_on_non_negative_input():
-    from attnlib.widgets import deltanet as wdn
+    from attnlib.experiments.weights import delta_rule_weights
     g = torch.Generator().manual_seed(1)
     T = 10
     q = torch.nn.functional.normalize(torch.rand(T, 5, generator=g, dtype=torch.float64), dim=-1)
     k = torch.nn.functional.normalize(torch.rand(T, 5, generator=g, dtype=torch.float64), dim=-1)
-    W = wdn.implied_weights(q, k, 1.0)
+    W = delta_rule_weights(q, k, 1.0).numpy()
     su = (q @ k.T).tril() @ torch.linalg.inv(torch.eye(T, dtype=torch.float64) + (k @ k.T).tril(-1))
     assert np.allclose(W, su.numpy(), atol=1e-12)
     assert (q @ k.T).min() >= 0 and W.min() < 0                          # not a plan
     with pytest.raises(ValueError, match="both be \\[T, D\\]"):
-        wdn.implied_weights(q, k[:5], 1.0)
+        delta_rule_weights(q, k[:5], 1.0)
 
 
 def test_lab_glue_is_silent_in_the_notebook(capsys):
@@ -283,3 +288,212 @@ def test_crossover_figure_x_range_covers_every_head_dim():
         lo, hi = extent(fr.data)
         x = _range_in_force(fig, fr, "xaxis", opening)
         assert 10 ** x[0] <= lo and 10 ** x[1] >= hi, fr.name
+
+
+# ------------------------------------------------------------------------- every figure reads at a glance
+#
+# One builder per figure-drawing function, on small inputs; the checks below hold for all of them:
+# the book's template, a title, titled axes, a legend outside the plot (and under the slider), one
+# readable label per slider step, subplot titles that fit over their panels, and slider steps whose
+# data lies inside the axis ranges in force.
+
+def _figure_builders():
+    from attnlib import needle
+    from attnlib.experiments.kernels import Launch
+    from attnlib.experiments.weights import delta_rule_weights, softmax_weights
+    from attnlib.widgets import anna as wa
+    from attnlib.widgets import deltanet as wdn
+    from attnlib.widgets import grassmann as wg
+    from attnlib.widgets import kernels as wk
+    from attnlib.widgets import linear as lw
+    from attnlib.widgets import needle as nw
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(8, 4, generator=g, dtype=torch.float64) for _ in range(3))
+    keys = torch.nn.functional.normalize(k, dim=-1)
+    algos = [needle.make(n, T=64, d=8) for n in needle.ALGORITHMS]
+    W = softmax_weights(q, k, causal=True).numpy()
+    m = {16: {"T": [64, 128, 256], "softmax": [1, 4, 16], "linear": [2, 4, 8]},
+         64: {"T": [256, 1024, 4096], "softmax": [16, 256, 4096], "linear": [8, 32, 128]}}
+    per_shape = {"1x1x8x4": {"attnlib": [Launch("fwd", "a", 80, None)]},
+                 "1x1x8x8": {"attnlib": [Launch("fwd", "a", 800, None), Launch("bwd", "b", 400, None)]}}
+    summary = {"softmax": {"anna_error_mean": torch.rand(2, 2, generator=g), "anna_error_std": torch.zeros(2, 2),
+                           "surrogate_error": (0.1, 0.01), "n_seeds": 2}}
+    return {
+        "transport_plan": lambda: widgets.transport_plan_figure(torch.randn(5, 7, generator=g), [0.1, 1.0, 10.0]),
+        "attention_map": lambda: widgets.attention_map_figure(q, k, [0.5, 2.0]),
+        "weights_comparison": lambda: widgets.weights_comparison_figure(
+            [{"softmax": W, "delta rule": delta_rule_weights(q, k, b).numpy()} for b in (0.5, 1.0)], ["0.5", "1"],
+            prefix="β = ", title="weights"),
+        "probe_map": lambda: nw.probe_map_figure(algos),
+        "row_vs_M": lambda: nw.row_vs_M_figure(algos[0], [1, 10, 100]),
+        "error_curves": lambda: nw.error_curves_figure([1, 10], {"a": [0, 1], "b": [1, 2]}, x_title="M"),
+        "error_vs_M_by_T": lambda: nw.error_vs_M_by_T_figure([32, 64], [1, 10], {32: {"a": [0, 1]}, 64: {"a": [1, 2]}}),
+        "work": lambda: nw.work_figure([32, 64], {"a": [10, 40]}),
+        "curves": lambda: widgets.curves_figure({"a": ([1, 2], [3, 4]), "b": ([1, 3], [2, 2])}, title="c",
+                                                x_title="x (s)", y_title="y (m)", log_x=True),
+        "state_buildup": lambda: lw.state_buildup_figure(q, k, v[:, :3]),
+        "crossover": lambda: lw.crossover_figure(m),
+        "singular_values": lambda: wdn.singular_values_figure(keys, v, 1.0, steps=[1, 4, 8]),
+        "stability": lambda: wdn.stability_figure(betas=(1.0, 2.5), T=40, D=4),
+        "launch_bytes": lambda: wk.launch_bytes_figure(per_shape, title="bytes"),
+        "anna_plan": lambda: wa.anna_plan_figure(q, k, [(1, 2), (4, 4), (16, 8)]),
+        "collision": lambda: wa.collision_figure([0, 1, 2], {"x": [1, .5, 0]}, {"x": [1, .4, 0]}, title="collisions"),
+        "conditions": lambda: wa.conditions_heatmap([1, 2], [3, 4], [[.1, .2], [.3, .4]], title="conditions"),
+        "reproduction": lambda: wa.reproduction_figure(summary, [1, 4], [2, 4], title="distilled"),
+        "planes": lambda: wg.planes_figure([(np.array([1., 0, 0]), np.array([0, 2., 1]))]),
+        "plucker_features": lambda: wg.features_figure(torch.randn(10, 6, generator=g, dtype=torch.float64),
+                                                       [3, 6], [1, 4]),
+    }
+
+
+FIGURES = sorted(_figure_builders())
+
+
+@pytest.fixture(scope="module")
+def built():
+    return {name: make() for name, make in _figure_builders().items()}
+
+
+def _axes_of(fig):
+    """Layout names of the cartesian axes that some trace draws on (``xaxis``, ``yaxis2`` ...)."""
+    out = set()
+    for t in fig.data:
+        if t.type in ("surface", "scatter3d"):
+            continue
+        for a in ("x", "y"):
+            ref = getattr(t, f"{a}axis", None) or a
+            out.add(f"{a}axis{ref[1:]}")
+    return sorted(out)
+
+
+@pytest.mark.parametrize("name", FIGURES)
+def test_every_figure_is_styled_titled_and_has_titled_axes(built, name):
+    import plotly.io as pio
+
+    from attnlib.widgets._style import TEMPLATE
+    fig = built[name]
+    assert pio.templates.default == TEMPLATE
+    assert fig.layout.title.text, f"{name}: no title"
+    assert fig.layout.width is None, f"{name}: a fixed width does not fit a phone"
+    for ax in _axes_of(fig):                  # an axis without tick labels (shared with a neighbour) needs none
+        assert fig.layout[ax].title.text or fig.layout[ax].showticklabels is False, f"{name}: {ax} has no title"
+    for scene in sorted({t.scene for t in fig.data if t.type in ("surface", "scatter3d")}):
+        for a in ("xaxis", "yaxis", "zaxis"):
+            assert fig.layout[scene][a].title.text, f"{name}: {scene}.{a} has no title"
+
+
+@pytest.mark.parametrize("name", FIGURES)
+def test_legends_sit_outside_the_plot_and_off_the_slider(built, name):
+    fig = built[name]
+    legend = fig.layout.legend
+    if fig.layout.sliders:
+        shown = [t for t in fig.data if t.showlegend is not False and t.type not in ("heatmap", "surface") and t.name]
+        if len(shown) >= 2 or fig.layout.showlegend:
+            assert legend.yref == "container" and legend.y == 0 and legend.yanchor == "bottom", name
+            assert fig.layout.margin.b >= 150, f"{name}: no room under the plot for slider and legend"
+    else:
+        template_legend = fig.layout.template.layout.legend
+        y = legend.y if legend.y is not None else template_legend.y
+        assert y is not None and y < 0, f"{name}: legend inside the plot"
+    orientation = legend.orientation or fig.layout.template.layout.legend.orientation
+    assert orientation == "h", name
+
+
+NO_SLIDER = ("planes", "conditions", "collision", "work", "error_curves", "curves")
+
+
+@pytest.mark.parametrize("name", [n for n in FIGURES if n not in NO_SLIDER])
+def test_every_slider_step_has_a_readable_label(built, name):
+    from attnlib.widgets._slider import label_fits
+    fig = built[name]
+    (slider,) = fig.layout.sliders
+    assert len(slider.steps) == len(fig.frames) > 0
+    assert [s.args[0][0] for s in slider.steps] == [f.name for f in fig.frames]
+    for s in slider.steps:
+        assert label_fits(s.label, len(slider.steps)), f"{name}: label {s.label!r} is dropped at a desktop's width"
+
+
+@pytest.mark.parametrize("name", FIGURES)
+def test_subplot_titles_fit_over_their_panels(built, name):
+    """An annotation over a panel (a subplot title) is no wider than the panel on a phone, so that
+    neighbouring titles do not overprint each other."""
+    from attnlib.widgets._slider import CHAR_PX, PHONE_SLIDER_PX
+    fig = built[name]
+    domains = [fig.layout[a].domain for a in fig.layout if a.startswith("xaxis") and fig.layout[a].domain]
+    domains += [fig.layout[s].domain.x for s in {t.scene for t in fig.data if t.type in ("surface", "scatter3d")}
+                if fig.layout[s].domain.x]
+    if len(domains) < 2:
+        return
+    for ann in fig.layout.annotations:
+        if not ann.text or ann.yref != "paper" or ann.y is None or ann.y < 1.0 or ann.xref != "paper":
+            continue
+        width = max(len(line) for line in ann.text.replace("<sub>", "").replace("</sub>", "").split("<br>")) * CHAR_PX
+        panel = min((d for d in domains if d[0] <= ann.x <= d[1]), key=lambda d: d[1] - d[0])
+        assert width <= (panel[1] - panel[0]) * PHONE_SLIDER_PX * 1.15, f"{name}: {ann.text!r} overprints"
+
+
+def _numeric(values):
+    v = [x for x in values if x is not None]
+    if not v or any(isinstance(x, str) for x in v):
+        return None
+    return [float(x) for x in np.asarray(v, dtype=float).ravel()]
+
+
+@pytest.mark.parametrize("name", [n for n in FIGURES if n not in NO_SLIDER])
+def test_every_slider_step_lies_inside_the_axes_in_force(built, name):
+    fig = built[name]
+    for fr in fig.frames:
+        idx = list(fr.traces) if fr.traces is not None else list(range(len(fr.data)))
+        for i, tr in zip(idx, fr.data):
+            base = fig.data[i]
+            if base.type in ("heatmap", "surface", "scatter3d"):
+                continue
+            for a in ("x", "y"):
+                vals = getattr(tr, a) if getattr(tr, a) is not None else getattr(base, a)
+                if a == "x" and vals is None and getattr(tr, "y", None) is not None:
+                    vals = list(range(len(tr.y)))
+                vals = _numeric(vals if vals is not None else [])
+                ref = getattr(base, f"{a}axis", None) or a
+                ax = f"{a}axis{ref[1:]}"
+                own = (fr.layout.to_plotly_json() if fr.layout is not None else {}).get(ax, {}).get("range")
+                rng = own if own is not None else fig.layout[ax].range
+                if vals is None or rng is None or fig.layout[ax].type == "category":
+                    continue
+                rng = sorted(rng)                                     # reversed axes list (hi, lo)
+                lo, hi = min(vals), max(vals)
+                if fig.layout[ax].type == "log":
+                    lo, hi = np.log10(max(lo, 1e-300)), np.log10(max(hi, 1e-300))
+                assert rng[0] <= lo + 1e-9 and hi <= rng[1] + 1e-9, f"{name} {fr.name}: {ax} {rng} misses {lo}..{hi}"
+
+
+def test_theory_and_measurement_of_one_quantity_share_a_colour():
+    from attnlib.widgets.anna import add_theory_and_measurement, collision_figure
+    fig = collision_figure([0, 1], {}, {}, title="t")
+    for i in range(3):
+        add_theory_and_measurement(fig, [0, 1], [1, 0], [0.9, 0.1], name=f"q{i}", index=i)
+    colours = [(t.line.color if t.mode == "lines" else t.marker.color) for t in fig.data]
+    assert colours[0::2] == colours[1::2] and len(set(colours[0::2])) == 3
+
+
+GLUED_FIGURE = r"```\{glue:figure\} (\w+)\n((?::\w+:[^\n]*\n)*)\n(.*?)\n```"
+
+
+def test_every_glued_figure_on_a_chapter_page_is_numbered_captioned_and_referenced():
+    """Chapter pages paste the labs' figures as numbered figures with a caption ({glue:figure} with
+    :doc: and :name:, book/_ext/glue_figure.py), and the prose refers to each by its number."""
+    import re
+    from pathlib import Path
+
+    pages = sorted((Path(__file__).resolve().parents[1] / "book").glob("[0-9][0-9]_*.md"))
+    assert pages
+    for page in pages:
+        text = page.read_text()
+        assert not re.search(r"```\{glue\}\s", text), f"{page.name}: a figure pasted without number or caption"
+        figures = list(re.finditer(GLUED_FIGURE, text, flags=re.S))
+        assert len(figures) == text.count("{glue:figure}"), page.name
+        for m in figures:
+            opts = dict(re.findall(r":(\w+): ([^\n]*)", m.group(2)))
+            assert "doc" in opts and opts.get("name", "").startswith("fig-"), f"{page.name}: {m.group(1)} {opts}"
+            assert m.group(3).strip() and "```" not in m.group(3), f"{page.name}: {m.group(1)} has no caption"
+            assert f"{{numref}}`{opts['name']}`" in text, f"{page.name}: the prose never refers to {opts['name']}"

@@ -1,4 +1,5 @@
-"""Associative recall without training: write key--value pairs into one state, read them back.
+"""Associative recall without training: write key--value pairs into one state, read them back;
+and the state itself, write by write (``state_trajectory``).
 
 Chapter 3 runs it for linear attention (``S = sum_i v_i k_i^T``: crosstalk grows like ``(N - 1) / D``),
 chapter 4 for the delta rule too, with overwrites. One function for both, built on the library's own
@@ -11,8 +12,8 @@ import torch
 import torch.nn.functional as F
 
 from .. import _validate
-from ..deltanet import delta_rule
-from ..linear import linear_attention
+from ..deltanet import delta_rule, delta_rule_recurrent_reference
+from ..linear import linear_attention, linear_attention_recurrent_reference
 
 RULES = ("linear", "delta")
 
@@ -64,4 +65,35 @@ def associative_recall(num_pairs: int, dim: int, *, rule: str = "linear", beta: 
     return acc_sum / trials, err_sum / trials
 
 
-__all__ = ["associative_recall", "RULES"]
+def state_trajectory(k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor | float = 1.0, *, rule: str,
+                     g: torch.Tensor | None = None) -> torch.Tensor:
+    """The states ``S_1 .. S_T`` of one head as pairs are written: ``k: [T, D]``, ``v: [T, Dv]``,
+    ``beta: [T]`` or a number (the delta rule's learning rate; linear attention ignores it).
+
+    Runs the library's own recurrences one token at a time, handing the state over:
+    ``rule="linear"``: :func:`attnlib.linear.linear_attention_recurrent_reference` (``S_t = S_{t-1} + v_t k_t^T``);
+    ``rule="delta"``: :func:`attnlib.deltanet.delta_rule_recurrent_reference` (gated when ``g`` is given; any
+    ``beta``, also outside the stable range, since chapter 4 shows what happens there).
+    Returns ``[T, Dv, D]`` in float64.
+    """
+    if rule not in RULES:
+        raise ValueError(f"rule must be one of {RULES}; got {rule!r}")
+    k, v = k.double()[None, None], v.double()[None, None]                # [1, 1, T, D]
+    T = k.shape[2]
+    beta = torch.as_tensor(beta, dtype=torch.float64).expand(T)[None, None]
+    g = None if g is None else torch.as_tensor(g, dtype=torch.float64).expand(T)[None, None]
+    S = torch.zeros(1, 1, v.shape[-1], k.shape[-1], dtype=torch.float64)
+    q = torch.zeros_like(k[:, :, :1])                                    # outputs are not needed
+    out = []
+    for t in range(T):
+        kt, vt = k[:, :, t:t + 1], v[:, :, t:t + 1]
+        if rule == "linear":
+            _, S = linear_attention_recurrent_reference(q, kt, vt, S)
+        else:
+            g_t = None if g is None else g[:, :, t:t + 1]
+            _, S = delta_rule_recurrent_reference(q, kt, vt, beta[:, :, t:t + 1], g_t, scale=1.0, initial_state=S)
+        out.append(S[0, 0])
+    return torch.stack(out)
+
+
+__all__ = ["associative_recall", "state_trajectory", "RULES"]

@@ -4,10 +4,20 @@
 static book, no kernel needed); ``*_explorer`` functions return ipywidgets for a live kernel
 (Colab or Jupyter). Chapter 1's are re-exported here; the others are imported from their chapter's
 submodule: ``attnlib.widgets.needle`` (chapter 2), ``attnlib.widgets.linear`` (chapter 3),
-``attnlib.widgets.deltanet`` (chapter 4).
+``attnlib.widgets.deltanet`` (chapter 4), ``attnlib.widgets.anna`` (chapter 5), ``attnlib.widgets.grassmann``
+(chapter 6).
+
+Importing this package makes the book's figure style (:mod:`._style`) Plotly's default template, so
+every figure -- these and any a lab draws itself -- looks the same and fits a phone's width.
+Widgets draw; what they draw is computed by the library (``attnlib.experiments`` and the operators).
 """
 
-from .eot import (
+from . import _style
+
+_style.register()
+
+from .curves import curves_figure  # noqa: E402 - the style is registered before any figure is built
+from .eot import (  # noqa: E402
     attention_explorer,
     attention_map_figure,
     transport_plan_explorer,
@@ -15,5 +25,5 @@ from .eot import (
     weights_comparison_figure,
 )
 
-__all__ = ["attention_map_figure", "attention_explorer", "transport_plan_figure", "transport_plan_explorer",
-           "weights_comparison_figure"]
+__all__ = ["attention_map_figure", "attention_explorer", "curves_figure", "transport_plan_figure",
+           "transport_plan_explorer", "weights_comparison_figure"]

@@ -2,6 +2,12 @@
 
 A figure is built from its first frame's traces; each slider step animates to a named frame
 (``redraw=True`` so heatmaps repaint). Nothing needs a live kernel.
+
+Layout, in the book's style (:mod:`._style`): the slider runs the plot's full width just under it,
+with the current value read out above its rail; a legend, if the figure has one, moves to the
+figure's foot, under the slider, with the bottom margin sized to hold both -- so the slider never
+covers a legend entry. Step labels must be short enough to be read side by side at a phone's width
+(``MAX_LABEL_PX`` of slider per label): Plotly silently drops labels that do not fit.
 """
 
 from __future__ import annotations
@@ -10,13 +16,47 @@ from collections.abc import Sequence
 
 import plotly.graph_objects as go
 
+PHONE_SLIDER_PX = 330        # the slider's length on a 390-px screen (the plot's width less its margins)
+DESKTOP_SLIDER_PX = 640      # ... in the book's main column on a desktop
+CHAR_PX = 6.6                # width of one character of the 11-px label font
+SLIDER_PX = 110              # height the slider takes under the plot: padding, current value, rail, labels
+LEGEND_ROW_PX = 22
+
+
+def label_fits(label: str, n_steps: int, *, width: float = DESKTOP_SLIDER_PX) -> bool:
+    """Whether a step label of this length is drawn (not skipped) on a slider of ``width`` pixels with
+    ``n_steps`` steps: each label gets ``width / n_steps`` pixels (the longest line of a ``<br>`` label)."""
+    longest = max(len(line) for line in label.split("<br>"))
+    return longest * CHAR_PX + 6 <= width / n_steps
+
+
+def legend_rows(names: Sequence[str], *, width: float = PHONE_SLIDER_PX) -> int:
+    """Rows a horizontal legend with these entries takes at ``width`` pixels (entries packed greedily)."""
+    rows, used = 0, width
+    for name in names:
+        w = 40 + CHAR_PX * len(name)
+        if used + w > width:
+            rows, used = rows + 1, 0.0
+        used += w
+    return rows
+
+
+def _legend_names(fig: go.Figure) -> list[str]:
+    if fig.layout.showlegend is False:
+        return []
+    shown = [t for t in fig.data if t.showlegend is not False and t.name and t.type not in ("heatmap", "surface")]
+    if len(shown) < 2 and fig.layout.showlegend is not True:
+        return []
+    return [str(t.name) for t in shown]
+
 
 def add_frame_slider(fig: go.Figure, frames: Sequence[go.Frame], labels: Sequence[str], *,
                      prefix: str, active: int = 0) -> go.Figure:
     """Attach ``frames`` to ``fig`` with a slider whose step ``i`` shows ``frames[i]``.
 
     ``frames[i].name`` must be set and unique. The figure's initial traces should equal
-    ``frames[active]``'s so that the page opens on the step the slider shows.
+    ``frames[active]``'s so that the page opens on the step the slider shows. A frame that changes
+    what its data spans should carry the axis ranges that show it (a step keeps the axes in force).
     """
     if len(frames) != len(labels):
         raise ValueError(f"got {len(frames)} frames but {len(labels)} labels")
@@ -27,6 +67,14 @@ def add_frame_slider(fig: go.Figure, frames: Sequence[go.Frame], labels: Sequenc
                                    transition=dict(duration=0))])
         for fr, lab in zip(frames, labels)
     ]
-    fig.update_layout(sliders=[dict(active=active, steps=steps, currentvalue=dict(prefix=prefix),
-                                    pad=dict(t=40))])
+    fig.update_layout(sliders=[dict(active=active, steps=steps, currentvalue=dict(prefix=prefix))])
+    names = _legend_names(fig)
+    if names:
+        rows = legend_rows(names)
+        fig.update_layout(legend=dict(yref="container", y=0.0, yanchor="bottom"))
+        bottom = SLIDER_PX + LEGEND_ROW_PX * rows + 50                      # + the x axis' ticks and title
+        fig.update_layout(margin=dict(b=max(bottom, fig.layout.margin.b or 0)))
+    else:
+        fig.update_layout(margin=dict(b=max(SLIDER_PX + 40, fig.layout.margin.b or 0)))
     return fig
+

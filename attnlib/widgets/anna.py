@@ -1,7 +1,7 @@
 """Chapter 5's figures: ANNA's weights as a transport plan beside softmax's, collision curves, and
 the ANNA conditions over (l, z).
 
-``anna_plan_figure`` reuses chapter 1's plan panels (heatmap, row sums, column sums); its slider
+``anna_plan_figure`` draws chapter 1's plan panels (:mod:`._plan`) (heatmap, row sums, column sums); its slider
 steps are precomputed frames, one per (l, z), so it works in the static book.
 """
 
@@ -11,27 +11,18 @@ from collections.abc import Sequence
 
 import plotly.graph_objects as go
 import torch
-from plotly.subplots import make_subplots
 
 from .. import eot
-from ..anna import anna_attention
+from ..experiments.weights import anna_weights, softmax_weights
+from ._plan import as_single_head, plan_frame_traces, plan_pair_figure
 from ._slider import add_frame_slider
-from .eot import _as_single_head, _frame_traces, _plan_traces
-
-
-def anna_plan(q: torch.Tensor, k: torch.Tensor, n_tables: int, n_bits: int, *, seed: int = 0,
-              family: str = "simhash") -> torch.Tensor:
-    """ANNA's weights for one head (``q [Tq, D]``, ``k [Tk, D]``): ``[Tq, Tk]`` float64."""
-    v = torch.zeros(k.shape[0], 1, dtype=q.dtype)
-    _, w = anna_attention(q[None, None], k[None, None], v[None, None], n_tables=n_tables, n_bits=n_bits,
-                          seed=seed, family=family, return_weights=True, backend="torch")
-    return w[0, 0]
+from ._style import colour
 
 
 def plan_stats(P: torch.Tensor) -> str:
     rows = P.sum(-1)
-    return (f"H={eot.entropy(P).item():.2f}, support={int((P > 0).sum())}/{P.numel()}, "
-            f"empty rows={int((rows == 0).sum())}, max column sum={P.sum(0).max().item():.2f}")
+    return (f"H={eot.entropy(P).item():.2f}, support {int((P > 0).sum())}/{P.numel()}, "
+            f"empty rows {int((rows == 0).sum())}, max col. sum {P.sum(0).max().item():.2f}")
 
 
 def anna_plan_figure(q, k, settings: Sequence[tuple[int, int]], *, tau: float = 0.1, seed: int = 0,
@@ -39,34 +30,23 @@ def anna_plan_figure(q, k, settings: Sequence[tuple[int, int]], *, tau: float = 
     """Softmax's plan ``softmax(q k^T / tau)`` (left, fixed) beside ANNA's plan (right) for each
     ``(l, z)`` in ``settings`` (slider). Bars: row sums (right of each map) and column sums (below).
     Rows of ANNA's plan sum to 1 or to 0 (a query that collided with nothing ships no mass)."""
-    q, k = _as_single_head("q", q), _as_single_head("k", k)
+    q, k = as_single_head("q", q), as_single_head("k", k)
     if not settings:
         raise ValueError("settings must hold at least one (n_tables, n_bits) pair")
-    soft = torch.softmax(q @ k.T / tau, dim=-1)
-    plans = [anna_plan(q, k, n_tables, n_bits, seed=seed) for n_tables, n_bits in settings]
+    soft = softmax_weights(q, k, tau=tau)
+    plans = [anna_weights(q, k, n_tables, n_bits, seed=seed) for n_tables, n_bits in settings]
 
     def title(i):
         l, z = settings[i]
-        return (f"l = {l}, z = {z}<br><sup>softmax (τ={tau:g}): {plan_stats(soft)}<br>"
+        return (f"ANNA with l = {l} tables of z = {z} bits<br><sup>softmax (τ={tau:g}): {plan_stats(soft)}<br>"
                 f"ANNA: {plan_stats(plans[i])}</sup>")
 
-    fig = make_subplots(rows=2, cols=4, column_widths=[0.36, 0.1, 0.36, 0.1], row_heights=[0.72, 0.28],
-                        horizontal_spacing=0.03, vertical_spacing=0.06,
-                        subplot_titles=("softmax plan", "row sums", "ANNA plan", "row sums", "", "", "", ""))
-    positions = [(1, 1), (1, 2), (2, 1), (1, 3), (1, 4), (2, 3)]
-    for tr, (r, c) in zip(_plan_traces(soft, True) + _plan_traces(plans[active], False), positions):
-        fig.add_trace(tr, row=r, col=c)
-    frames = [go.Frame(data=_frame_traces(soft) + _frame_traces(P), name=f"lz{i}", traces=list(range(6)),
-                       layout=go.Layout(title_text=title(i))) for i, P in enumerate(plans)]
-    fig.update_layout(title=dict(text=title(active), font=dict(size=12)), height=600, bargap=0.15,
-                      margin=dict(t=110, l=40, r=20, b=20))
-    for c in (1, 3):
-        fig.update_yaxes(autorange="reversed", row=1, col=c)
-        fig.update_yaxes(range=[0, float(q.shape[0])], title_text="column sums", row=2, col=c)
-    for c in (2, 4):
-        fig.update_yaxes(autorange="reversed", showticklabels=False, row=1, col=c)
-        fig.update_xaxes(range=[0, 1.2], row=1, col=c)
-    return add_frame_slider(fig, frames, [f"l={l}, z={z}" for l, z in settings], prefix="", active=active)
+    frames = [go.Frame(data=plan_frame_traces(soft) + plan_frame_traces(P), name=f"lz{i}", traces=list(range(6)),
+                      layout=go.Layout(title_text=title(i))) for i, P in enumerate(plans)]
+    fig = plan_pair_figure(soft, plans[active], ("softmax plan", "ANNA plan"), row_sum_max=1.2,
+                           column_sum_max=float(q.shape[0]), height=620)
+    fig.update_layout(title_text=title(active), margin=dict(t=110))
+    return add_frame_slider(fig, frames, [f"{l},{z}" for l, z in settings], prefix="(l, z) = ", active=active)
 
 
 def collision_figure(thetas, measured: dict, theory: dict | None = None, *, title: str = "") -> go.Figure:
@@ -74,13 +54,27 @@ def collision_figure(thetas, measured: dict, theory: dict | None = None, *, titl
     dict ``label -> values at thetas``."""
     x = [float(t) for t in thetas]
     fig = go.Figure()
-    for name, ys in measured.items():
-        fig.add_scatter(x=x, y=[float(y) for y in ys], mode="markers", name=f"{name} (measured)")
-    for name, ys in (theory or {}).items():
-        fig.add_scatter(x=x, y=[float(y) for y in ys], mode="lines", name=f"{name} (theory)")
+    for i, (name, ys) in enumerate(measured.items()):
+        fig.add_scatter(x=x, y=[float(y) for y in ys], mode="markers", name=f"{name} (measured)",
+                        marker=dict(color=colour(i), size=8), legendgroup=name)
+    for i, (name, ys) in enumerate((theory or {}).items(), start=len(measured)):
+        fig.add_scatter(x=x, y=[float(y) for y in ys], mode="lines", name=f"{name} (theory)",
+                        line=dict(color=colour(i)), legendgroup=name)
     fig.update_xaxes(title_text="angle θ between x and y (radians)")
     fig.update_yaxes(title_text="Pr[same bucket]", range=[-0.02, 1.02])
-    fig.update_layout(title=title, height=420)
+    fig.update_layout(title=title, height=440)
+    return fig
+
+
+def add_theory_and_measurement(fig: go.Figure, x, theory, measured, *, name: str, index: int) -> go.Figure:
+    """Add one quantity to a figure twice, in one colour: its theory (a line) and its measurement
+    (markers), named ``name``. ``index`` picks the colour (the book's colourway)."""
+    c = colour(index)
+    xs = [float(t) for t in x]
+    fig.add_scatter(x=xs, y=[float(y) for y in theory], mode="lines", name=f"{name} theory",
+                    line=dict(color=c), legendgroup=name)
+    fig.add_scatter(x=xs, y=[float(y) for y in measured], mode="markers", name=f"{name} measured",
+                    marker=dict(color=c, size=8), legendgroup=name)
     return fig
 
 
@@ -101,22 +95,23 @@ def anna_plan_explorer(q, k, *, tau: float = 0.1, seed: int = 0, max_tables: int
     ``z``, and the hash seed, so every combination can be explored."""
     import ipywidgets as W
 
-    q, k = _as_single_head("q", q), _as_single_head("k", k)
+    q, k = as_single_head("q", q), as_single_head("k", k)
     static = anna_plan_figure(q, k, [(4, 4)], tau=tau, seed=seed)
     static.frames = ()
     static.layout.sliders = ()
     fig = go.FigureWidget(static)
-    soft = torch.softmax(q @ k.T / tau, dim=-1)
+    soft = softmax_weights(q, k, tau=tau)
     l_slider = W.IntSlider(value=4, min=1, max=max_tables, description="l (tables)")
     z_slider = W.IntSlider(value=4, min=1, max=max_bits, description="z (bits)")
     s_slider = W.IntSlider(value=seed, min=0, max=99, description="seed")
 
     def redraw(change=None):
-        P = anna_plan(q, k, l_slider.value, z_slider.value, seed=s_slider.value)
-        heat, rows, cols = _frame_traces(P)
+        P = anna_weights(q, k, l_slider.value, z_slider.value, seed=s_slider.value)
+        heat, rows, cols = plan_frame_traces(P)
         with fig.batch_update():
             fig.data[3].z, fig.data[4].x, fig.data[5].y = heat.z, rows.x, cols.y
-            fig.layout.title.text = (f"l = {l_slider.value}, z = {z_slider.value}<br><sup>softmax (τ={tau:g}): "
+            fig.layout.title.text = (f"ANNA with l = {l_slider.value} tables of z = {z_slider.value} bits<br>"
+                                     f"<sup>softmax (τ={tau:g}): "
                                      f"{plan_stats(soft)}<br>ANNA: {plan_stats(P)}</sup>")
 
     for s in (l_slider, z_slider, s_slider):
@@ -161,5 +156,5 @@ def reproduction_figure(summary: dict, ls, zs, *, show_zs=None, title: str = "")
     fig.update_xaxes(title_text="tables l" + (" (layer 1 / layer 2)" if "/" in x[0] else "")
                      + (";  ∞: the many-table limit" if with_limit else ""), type="category")
     fig.update_yaxes(title_text="per-token error", range=[-0.02, 1.0])
-    fig.update_layout(height=480, legend=dict(font=dict(size=10)))
+    fig.update_layout(height=500)
     return add_frame_slider(fig, frames, names, prefix="trained through: ")

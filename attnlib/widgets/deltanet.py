@@ -1,5 +1,5 @@
 """Chapter 4's figures: the state's singular values over time for the two rules, and the beta /
-stability explorer.
+stability explorer. The states come from :func:`attnlib.experiments.recall.state_trajectory`.
 
 Each figure exists in two forms: a Plotly figure with a native frame slider (precomputed, works in
 the static book) and, for the stability explorer, a live ``ipywidgets`` version for a running kernel.
@@ -11,39 +11,11 @@ import numpy as np
 import plotly.graph_objects as go
 import torch
 
-from ..deltanet import delta_rule_recurrent_reference
-from ..linear import linear_attention_recurrent_reference
+from ..experiments.recall import state_trajectory
 from ._slider import add_frame_slider
+from ._style import colour
 
-
-def state_trajectory(k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor | float, *, rule: str,
-                     g: torch.Tensor | None = None) -> torch.Tensor:
-    """The states ``S_1 .. S_T`` of one head: ``k: [T, D]``, ``v: [T, Dv]``, ``beta: [T]`` or a number.
-
-    Runs the library's own recurrences one token at a time, handing the state over:
-    ``rule="linear"``: :func:`attnlib.linear.linear_attention_recurrent_reference` (``S_t = S_{t-1} + v_t k_t^T``);
-    ``rule="delta"``: :func:`attnlib.deltanet.delta_rule_recurrent_reference` (gated when ``g`` is given; any
-    ``beta``, also outside the stable range, since the figures show what happens there).
-    Returns ``[T, Dv, D]`` in float64.
-    """
-    if rule not in ("linear", "delta"):
-        raise ValueError(f"rule must be 'linear' or 'delta'; got {rule!r}")
-    k, v = k.double()[None, None], v.double()[None, None]                # [1, 1, T, D]
-    T = k.shape[2]
-    beta = torch.as_tensor(beta, dtype=torch.float64).expand(T)[None, None]
-    g = None if g is None else torch.as_tensor(g, dtype=torch.float64).expand(T)[None, None]
-    S = torch.zeros(1, 1, v.shape[-1], k.shape[-1], dtype=torch.float64)
-    q = torch.zeros_like(k[:, :, :1])                                    # outputs are not needed
-    out = []
-    for t in range(T):
-        kt, vt = k[:, :, t:t + 1], v[:, :, t:t + 1]
-        if rule == "linear":
-            _, S = linear_attention_recurrent_reference(q, kt, vt, S)
-        else:
-            g_t = None if g is None else g[:, :, t:t + 1]
-            _, S = delta_rule_recurrent_reference(q, kt, vt, beta[:, :, t:t + 1], g_t, scale=1.0, initial_state=S)
-        out.append(S[0, 0])
-    return torch.stack(out)
+LINEAR_COLOUR, DELTA_COLOUR, UNSTABLE_COLOUR = colour(1), colour(0), colour(4)
 
 
 def singular_values_figure(k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor | float, *,
@@ -59,13 +31,13 @@ def singular_values_figure(k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor 
     idx = np.arange(1, sv["linear"].shape[1] + 1)
 
     def traces(t):
-        return [go.Bar(x=idx, y=sv["linear"][t - 1], name="linear attention", marker_color="#d62728"),
-                go.Bar(x=idx, y=sv["delta"][t - 1], name="delta rule", marker_color="#1f77b4")]
+        return [go.Bar(x=idx, y=sv["linear"][t - 1], name="linear attention", marker_color=LINEAR_COLOUR),
+                go.Bar(x=idx, y=sv["delta"][t - 1], name="delta rule", marker_color=DELTA_COLOUR)]
 
     fig = go.Figure(data=traces(steps[0]))
-    fig.update_layout(barmode="group", title="Singular values of the state S_t",
-                      xaxis_title="index i", yaxis_title="sigma_i(S_t)", yaxis_range=[0, ymax],
-                      height=420)
+    fig.update_layout(barmode="group", title="Singular values of the state S<sub>t</sub> after t writes",
+                      xaxis_title="index i (largest first)", yaxis_title="σ<sub>i</sub>(S<sub>t</sub>)",
+                      yaxis_range=[0, ymax], xaxis_range=[0.5, len(idx) + 0.5], height=440)
     frames = [go.Frame(data=traces(t), name=f"t{t}") for t in steps]
     return add_frame_slider(fig, frames, [str(t) for t in steps], prefix="t = ")
 
@@ -91,16 +63,16 @@ def stability_figure(betas=(0.5, 1.0, 1.5, 1.9, 2.1, 2.5), key_norms=(1.0,), *, 
     def traces(c):
         b, n = c
         lam = 1 - b * n * n
-        return [go.Scatter(x=t, y=hist[c], mode="lines", name=f"||S_t||, beta ||k||^2 = {b * n * n:.2f}",
-                           line=dict(color="#1f77b4" if abs(lam) <= 1 else "#d62728"))]
+        return [go.Scatter(x=t, y=hist[c], mode="lines", name=f"‖S<sub>t</sub>‖, β‖k‖² = {b * n * n:.2f}",
+                           line=dict(color=DELTA_COLOUR if abs(lam) <= 1 else UNSTABLE_COLOUR))]
 
     fig = go.Figure(data=traces(combos[0]))
-    fig.update_layout(title="Delta rule: the state norm against the edge beta ||k||^2 = 2",
-                      xaxis_title="t", yaxis_title="||S_t|| (Frobenius)", yaxis_type="log",
-                      yaxis_range=[-1, ymax], height=400, showlegend=True)
+    fig.update_layout(title="Delta rule: the state's norm, stable up to β‖k‖² = 2",
+                      xaxis_title="token t", yaxis_title="‖S<sub>t</sub>‖ (Frobenius)", yaxis_type="log",
+                      yaxis_range=[-1, ymax], xaxis_range=[1, T], height=420, showlegend=True)
     frames = [go.Frame(data=traces(c), name=f"b{c[0]}n{c[1]}") for c in combos]
-    labels = [f"beta={b}, |k|={n}" if len(key_norms) > 1 else f"{b}" for b, n in combos]
-    return add_frame_slider(fig, frames, labels, prefix="beta = " if len(key_norms) == 1 else "")
+    labels = [f"{b},{n}" if len(key_norms) > 1 else f"{b}" for b, n in combos]
+    return add_frame_slider(fig, frames, labels, prefix="β = " if len(key_norms) == 1 else "β, ‖k‖ = ")
 
 
 def stability_explorer(*, T: int = 200, D: int = 16, seed: int = 0):
@@ -110,8 +82,8 @@ def stability_explorer(*, T: int = 200, D: int = 16, seed: int = 0):
 
     fig = go.FigureWidget(data=[go.Scatter(x=np.arange(1, T + 1), y=_norm_history(1.0, 1.0, T=T, D=D, seed=seed),
                                            mode="lines")])
-    fig.update_layout(xaxis_title="t", yaxis_title="||S_t||", yaxis_type="log", height=380,
-                      title="beta ||k||^2 = 1.00, eigenvalue along k = 0.00")
+    fig.update_layout(xaxis_title="token t", yaxis_title="‖S<sub>t</sub>‖ (Frobenius)", yaxis_type="log", height=400,
+                      title="β‖k‖² = 1.00, eigenvalue along k = 0.00")
     b_slider = widgets.FloatSlider(value=1.0, min=0.0, max=3.0, step=0.05, description="beta")
     n_slider = widgets.FloatSlider(value=1.0, min=0.25, max=2.0, step=0.05, description="||k||")
 
@@ -119,29 +91,9 @@ def stability_explorer(*, T: int = 200, D: int = 16, seed: int = 0):
         b, n = b_slider.value, n_slider.value
         with fig.batch_update():
             fig.data[0].y = _norm_history(b, n, T=T, D=D, seed=seed)
-            fig.layout.title = f"beta ||k||^2 = {b * n * n:.2f}, eigenvalue along k = {1 - b * n * n:.2f}"
+            fig.layout.title = f"β‖k‖² = {b * n * n:.2f}, eigenvalue along k = {1 - b * n * n:.2f}"
 
     b_slider.observe(update, names="value")
     n_slider.observe(update, names="value")
     return widgets.VBox([widgets.HBox([b_slider, n_slider]), fig])
 
-
-def implied_weights(q, k, beta) -> np.ndarray:
-    """The ``[T, T]`` weights the delta rule implicitly puts on the values, for one head, computed by
-    the library: :func:`attnlib.deltanet.delta_rule_recurrent_reference` applied to ``v = I_T`` returns, in row
-    ``t``, the coefficients of ``o_t = S_t q_t = sum_j w_tj v_j`` (``scale = 1``, no gate). In Su's
-    form ``W = (QK^T . M)(I + diag(beta)(KK^T . M^-))^{-1} diag(beta)``.
-
-    Unlike softmax's plan these weights are signed and their rows need not sum to one: each write
-    first subtracts what its key already retrieves, so later keys put negative weight on earlier
-    values. ``q, k: [T, D]``, ``beta``: a number or ``[T]``.
-    """
-    q = torch.as_tensor(q, dtype=torch.float64)
-    k = torch.as_tensor(k, dtype=torch.float64)
-    if q.dim() != 2 or k.shape != q.shape:
-        raise ValueError(f"q and k must both be [T, D] (one head); got {tuple(q.shape)} and {tuple(k.shape)}")
-    T = q.shape[0]
-    b = torch.as_tensor(beta, dtype=torch.float64).expand(T)[None, None]
-    eye = torch.eye(T, dtype=torch.float64)[None, None]
-    o, _ = delta_rule_recurrent_reference(q[None, None], k[None, None], eye, b, scale=1.0)
-    return o[0, 0].numpy()

@@ -18,8 +18,18 @@ from plotly.subplots import make_subplots
 
 from ..grassmann import CausalGrassmannMixing, pair_indices, plucker, plucker_features
 from ._slider import add_frame_slider
+from ._style import COLORWAY, SIGNED_SCALE
 
-COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e")
+COLORS = COLORWAY
+
+
+def _scene(vectors, **kw) -> dict:
+    """A cube scene that holds every vector and the unit plane patches, seen from far enough that
+    nothing is cut off at the panel's edge."""
+    m = max([1.0] + [float(np.abs(np.asarray(v)).max()) for v in vectors]) * 1.1
+    ax = dict(range=[-m, m], autorange=False, zeroline=False, showspikes=False)
+    return dict(aspectmode="cube", xaxis=dict(ax, title="x"), yaxis=dict(ax, title="y"), zaxis=dict(ax, title="z"),
+                camera=dict(eye=dict(x=1.6, y=1.6, z=1.1)), **kw)
 
 
 def _plane_traces(u: np.ndarray, w: np.ndarray, color: str, name: str, scene: str = "scene"):
@@ -43,17 +53,19 @@ def planes_figure(pairs: Sequence[tuple]) -> go.Figure:
     """Planes ``span(u, w)`` in ``R^3`` with ``u``, ``w`` and the unit normal. The title lists each
     plane's Plücker coordinates ``(p01, p02, p12) = (c2, -c1, c0)`` with ``c = u x w``."""
     fig = go.Figure()
-    lines = []
+    lines, vectors = [], []
     for k, (u, w) in enumerate(pairs):
         u, w = np.asarray(u, dtype=float), np.asarray(w, dtype=float)
         if u.shape != (3,) or w.shape != (3,):
             raise ValueError(f"planes_figure draws planes of R^3; pair {k} has shapes {u.shape}, {w.shape}")
+        vectors += [u, w]
         for tr in _plane_traces(u, w, COLORS[k % len(COLORS)], f"plane {k}"):
             fig.add_trace(tr)
         p = plucker(torch.tensor(u), torch.tensor(w)).numpy()
         lines.append(f"plane {k}: p = ({p[0]:.2f}, {p[1]:.2f}, {p[2]:.2f})")
-    fig.update_layout(title="<br>".join(lines), height=520, scene=dict(aspectmode="cube"),
-                      margin=dict(l=0, r=0, t=40 + 18 * len(lines), b=0))
+    fig.update_layout(title="Planes through the origin and their Plücker coordinates<br><sup>"
+                      + "<br>".join(lines) + "</sup>", height=560, scene=_scene(vectors),
+                      margin=dict(l=0, r=0, t=60 + 16 * len(lines)))
     return fig
 
 
@@ -75,21 +87,21 @@ def features_figure(z: torch.Tensor, rs: Sequence[int], offsets: Sequence[int]) 
         # columns than the first, and a frame that did not set its own range would show only the
         # first frame's columns.
         xaxis = dict(range=[-0.5, len(cols) - 0.5], tickvals=list(range(len(cols))), ticktext=cols,
-                     title="coordinate (i, j)")
+                     title="Plücker coordinate (i, j)")
         feats = plucker_features(z[None, :, :r], tuple(offsets), backend="torch")[0]     # [L, W, C]
         for k, delta in enumerate(offsets):
             name = f"r={r}, delta={delta}"
             fk = feats[:, k].numpy()
             frames.append(go.Frame(name=name, data=[go.Heatmap(
-                z=fk, x=list(range(len(cols))), zmin=-1, zmax=1, colorscale="RdBu", colorbar=dict(title="p_ij"),
-                text=[cols] * fk.shape[0],
+                z=fk, x=list(range(len(cols))), zmin=-1, zmax=1, colorscale=SIGNED_SCALE,
+                colorbar=dict(title=dict(text="p<sub>ij</sub>")), text=[cols] * fk.shape[0],
                 hovertemplate="position %{y}, coordinate %{text}: %{z:.3f}<extra></extra>")],
-                layout=go.Layout(title=f"normalised Plücker coordinates, {name}", xaxis=xaxis)))
-            labels.append(name)
-    fig = go.Figure(data=frames[0].data, layout=dict(height=460, title=frames[0].layout.title.text,
+                layout=go.Layout(title=f"Normalised Plücker coordinates, r = {r}, δ = {delta}", xaxis=xaxis)))
+            labels.append(f"{r},{delta}")
+    fig = go.Figure(data=frames[0].data, layout=dict(height=500, title=frames[0].layout.title.text,
                                                      xaxis=frames[0].layout.xaxis, yaxis_autorange="reversed"))
     fig.update_layout(yaxis_title="position t")
-    return add_frame_slider(fig, frames, labels, prefix="")
+    return add_frame_slider(fig, frames, labels, prefix="(r, δ) = ")
 
 
 def pair_figure(layer: CausalGrassmannMixing, h: torch.Tensor, t: int, delta: int, *,
@@ -119,19 +131,23 @@ def pair_figure(layer: CausalGrassmannMixing, h: torch.Tensor, t: int, delta: in
         basis = torch.linalg.svd(z - z.mean(0), full_matrices=False).Vh[:3]           # [3, r]
         u3, w3, note = (basis @ u).numpy(), (basis @ w).numpy(), f"projected from R^{r} to 3 principal axes"
     label = (lambda s: f"{s} ({tokens[s]!r})") if tokens is not None else str
-    fig = make_subplots(rows=1, cols=3, column_widths=[0.4, 0.35, 0.25],
+    # Short panel titles (long ones overprint their neighbours); what the 3-D panel shows goes in the title.
+    fig = make_subplots(rows=1, cols=3, column_widths=[0.4, 0.35, 0.25], horizontal_spacing=0.08,
                         specs=[[{"type": "scene"}, {"type": "xy"}, {"type": "xy"}]],
-                        subplot_titles=(f"plane of z_{label(t)} and z_{label(t - delta)} ({note})",
-                                        "normalised Plücker coordinates", "gate alpha_t per channel"))
+                        subplot_titles=("the plane", "coordinates", "gate α<sub>t</sub>"))
     for tr in _plane_traces(u3, w3, COLORS[0], f"t={t}, delta={delta}"):
         fig.add_trace(tr, row=1, col=1)
     i, j = pair_indices(r)
     fig.add_trace(go.Bar(x=[f"({a},{b})" for a, b in zip(i.tolist(), j.tolist())], y=p.numpy(),
                          marker_color=COLORS[1], name="p_ij"), row=1, col=2)
     fig.add_trace(go.Bar(y=alpha.double().numpy(), marker_color=COLORS[2], name="alpha"), row=1, col=3)
-    fig.update_yaxes(range=[0, 1], row=1, col=3)
-    fig.update_layout(height=460, showlegend=False,
-                      title=f"t = {t}, delta = {delta}: mean gate {alpha.mean().item():.2f}")
+    fig.update_xaxes(title_text="pair (i, j)", row=1, col=2)
+    fig.update_yaxes(title_text="normalised p<sub>ij</sub>", range=[-1.05, 1.05], row=1, col=2)
+    fig.update_xaxes(title_text="channel", row=1, col=3)
+    fig.update_yaxes(title_text="α<sub>t</sub> (1 keeps h<sub>t</sub>)", range=[0, 1], row=1, col=3)
+    fig.update_layout(height=500, showlegend=False, scene=_scene([u3, w3]), margin=dict(t=100),
+                      title=f"The plane of z at {label(t)} and {label(t - delta)} (t = {t}, δ = {delta})<br><sup>"
+                            f"{note}; mean gate {alpha.mean().item():.2f}</sup>")
     return fig
 
 

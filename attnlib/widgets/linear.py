@@ -12,18 +12,16 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 import plotly.graph_objects as go
-import torch
 from plotly.subplots import make_subplots
 
 from ..experiments.linear import check_measurements, crossover_length, fit_power_law, model_crossover, model_times
+from ..experiments.recall import state_trajectory
+from ..linear import linear_attention
+from ._plan import as_single_head
 from ._slider import add_frame_slider
+from ._style import SIGNED_SCALE, colour
 
-
-def _single_head(name: str, x) -> torch.Tensor:
-    x = torch.as_tensor(x)
-    if x.dim() != 2:
-        raise ValueError(f"{name} has shape {tuple(x.shape)}; expected [T, dim] (one head)")
-    return x.to(torch.float64)
+SOFTMAX_COLOUR, LINEAR_COLOUR = colour(1), colour(0)
 
 
 def state_buildup_figure(q, k, v, *, bytes_per_number: int = 2) -> go.Figure:
@@ -34,52 +32,55 @@ def state_buildup_figure(q, k, v, *, bytes_per_number: int = 2) -> go.Figure:
 
     Args: ``q, k: [T, D]``, ``v: [T, Dv]`` -- one head, small ``T`` (one frame per token).
     """
-    q, k, v = _single_head("q", q), _single_head("k", k), _single_head("v", v)
+    q, k, v = as_single_head("q", q), as_single_head("k", k), as_single_head("v", v)
     T, D = k.shape
     if q.shape != k.shape or v.shape[0] != T:
         raise ValueError(f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}: expected "
                          "q and k [T, D] and v [T, Dv] with the same T")
     Dv = v.shape[1]
-    states = torch.cumsum(v[:, :, None] * k[:, None, :], dim=0)          # S_1 .. S_T  [T, Dv, D]
-    outs = torch.einsum("tvd,td->tv", states, q)                         # o_t = S_t q_t
-    quad = ((q @ k.T).tril() @ v)                                        # (Q K^T . M) V
+    states = state_trajectory(k, v, rule="linear")                       # S_1 .. S_T  [T, Dv, D]
+    # The library's two forms of unnormalised linear attention: the recurrence o_t = S_t q_t, and the
+    # quadratic (Q K^T . M) V.
+    outs, quad = (linear_attention(q[None, None], k[None, None], v[None, None], scale=1.0, normalize=False,
+                                   mode=mode)[0, 0] for mode in ("recurrent", "parallel"))
     zmax = states.abs().max().item() or 1.0
     ts = np.arange(1, T + 1)
     kv = ts * (D + Dv) * bytes_per_number
     st = np.full(T, Dv * D * 4)                                          # fp32 state
 
-    fig = make_subplots(rows=1, cols=3, column_widths=[0.38, 0.27, 0.35], horizontal_spacing=0.09,
-                        subplot_titles=("state S_t  [Dv x D]", "o_t: recurrence vs (QK^T.M)V",
-                                        "bytes kept per head"))
+    # Panel names go in the axis titles (under each panel), not in subplot titles over them: three titles
+    # side by side overprint one another at a phone's width.
+    fig = make_subplots(rows=1, cols=3, column_widths=[0.38, 0.27, 0.35], horizontal_spacing=0.1)
+    KV_COLOUR, STATE_COLOUR = colour(1), colour(2)
 
     def traces(t: int):
         return [
-            go.Heatmap(z=states[t - 1].numpy(), zmin=-zmax, zmax=zmax, colorscale="RdBu",
-                       showscale=False, xaxis="x", yaxis="y"),
-            go.Bar(x=np.arange(Dv), y=outs[t - 1].numpy(), name="S_t q_t", marker_color="#1f77b4",
-                   xaxis="x2", yaxis="y2", showlegend=(t == 1)),
-            go.Scatter(x=np.arange(Dv), y=quad[t - 1].numpy(), mode="markers", name="row t of (QK^T.M)V",
-                       marker=dict(symbol="x", size=9, color="black"), xaxis="x2", yaxis="y2",
-                       showlegend=(t == 1)),
-            go.Scatter(x=ts, y=kv, mode="lines", name="KV cache (fp16)", line=dict(color="#d62728"),
+            go.Heatmap(z=states[t - 1].numpy(), zmin=-zmax, zmax=zmax, colorscale=SIGNED_SCALE,
+                       showscale=False, xaxis="x", yaxis="y", name="S_t",
+                       hovertemplate="S[%{y}, %{x}] = %{z:.3f}<extra></extra>"),
+            go.Bar(x=np.arange(Dv), y=outs[t - 1].numpy(), name="o<sub>t</sub> = S<sub>t</sub> q<sub>t</sub>",
+                   marker_color=LINEAR_COLOUR, xaxis="x2", yaxis="y2"),
+            go.Scatter(x=np.arange(Dv), y=quad[t - 1].numpy(), mode="markers", name="row t of (QK<sup>T</sup>∘M)V",
+                       marker=dict(symbol="x", size=9, color="black"), xaxis="x2", yaxis="y2"),
+            go.Scatter(x=ts, y=kv, mode="lines", name="KV cache (fp16)", line=dict(color=KV_COLOUR),
                        xaxis="x3", yaxis="y3"),
-            go.Scatter(x=ts, y=st, mode="lines", name="state (fp32)", line=dict(color="#2ca02c"),
+            go.Scatter(x=ts, y=st, mode="lines", name="state (fp32)", line=dict(color=STATE_COLOUR),
                        xaxis="x3", yaxis="y3"),
-            go.Scatter(x=[t, t], y=[kv[t - 1], st[t - 1]], mode="markers", showlegend=False,
-                       marker=dict(size=10, color=["#d62728", "#2ca02c"]), xaxis="x3", yaxis="y3"),
+            go.Scatter(x=[t, t], y=[kv[t - 1], st[t - 1]], mode="markers", showlegend=False, name="at t",
+                       marker=dict(size=10, color=[KV_COLOUR, STATE_COLOUR]), xaxis="x3", yaxis="y3"),
         ]
 
     for i, tr in enumerate(traces(1)):
         col = 1 if i == 0 else (2 if i < 3 else 3)
         fig.add_trace(tr, row=1, col=col)
     omax = max(outs.abs().max().item(), quad.abs().max().item()) * 1.1 or 1.0
-    fig.update_yaxes(range=[-omax, omax], row=1, col=2)
-    fig.update_xaxes(title_text="key dim", row=1, col=1)
+    fig.update_yaxes(range=[-omax, omax], title_text="output o<sub>t</sub>", row=1, col=2)
+    fig.update_xaxes(title_text="state S<sub>t</sub>: key dim", row=1, col=1)
     fig.update_yaxes(title_text="value dim", autorange="reversed", row=1, col=1)
-    fig.update_xaxes(title_text="value dim", row=1, col=2)
-    fig.update_xaxes(title_text="token t", row=1, col=3)
-    fig.update_layout(height=420, margin=dict(t=60), legend=dict(orientation="h", y=-0.25),
-                      title="Linear attention as an RNN: one outer product per token")
+    fig.update_xaxes(title_text="output: value dim", row=1, col=2)
+    fig.update_xaxes(title_text="token t", range=[0.5, T + 0.5], row=1, col=3)
+    fig.update_yaxes(title_text="bytes per head", range=[0, 1.05 * max(kv.max(), st.max())], row=1, col=3)
+    fig.update_layout(height=460, title="Linear attention as an RNN: one outer product per token")
     frames = [go.Frame(data=traces(t), name=f"t{t}") for t in range(1, T + 1)]
     return add_frame_slider(fig, frames, [str(t) for t in range(1, T + 1)], prefix="t = ")
 
@@ -106,7 +107,7 @@ def crossover_figure(measurements: Mapping[int, Mapping[str, Sequence[float]]], 
         T = np.asarray(r["T"], dtype=float)
         sel = T >= fit_from
         out = []
-        for name, color in (("softmax", "#d62728"), ("linear", "#1f77b4")):
+        for name, color in (("softmax", SOFTMAX_COLOUR), ("linear", LINEAR_COLOUR)):
             y = np.asarray(r[name], dtype=float)
             slope, icpt = fit_power_law(T[sel], y[sel], robust=True)
             if f"{name}_q1" in r and f"{name}_q3" in r:           # the spread of the repeats
@@ -132,7 +133,7 @@ def crossover_figure(measurements: Mapping[int, Mapping[str, Sequence[float]]], 
                      range=[math.log10(min(all_T)) - 0.05, math.log10(max(all_T)) + 0.05])
     fig.update_yaxes(type="log", title_text="CPU time (ms)", range=[math.log10(lo) - 0.1,
                                                                      math.log10(hi) + 0.1])
-    fig.update_layout(height=460, title="Causal softmax vs linear attention (CPU, one thread)")
+    fig.update_layout(height=500, title="Causal softmax vs linear attention: CPU time (one thread)")
     frames = [go.Frame(data=traces(D), name=f"D{D}") for D in Ds]
     return add_frame_slider(fig, frames, [str(D) for D in Ds], prefix="head dim D = ")
 
@@ -144,9 +145,9 @@ def crossover_explorer(model: Mapping[str, float], *, lengths=(64, 131072)):
 
     Ts = np.geomspace(*lengths, 60)
     fig = go.FigureWidget()
-    fig.add_scatter(x=Ts, y=Ts, mode="lines", name="softmax  T^2 (a0 + a1 D)", line=dict(color="#d62728"))
-    fig.add_scatter(x=Ts, y=Ts, mode="lines", name="linear  T (b0 + b1 D (L + D))", line=dict(color="#1f77b4"))
-    fig.add_scatter(x=[1, 1], y=[1, 1], mode="markers", marker=dict(size=11, color=["#d62728", "#1f77b4"]),
+    fig.add_scatter(x=Ts, y=Ts, mode="lines", name="softmax  T² (a0 + a1 D)", line=dict(color=SOFTMAX_COLOUR))
+    fig.add_scatter(x=Ts, y=Ts, mode="lines", name="linear  T (b0 + b1 D (L + D))", line=dict(color=LINEAR_COLOUR))
+    fig.add_scatter(x=[1, 1], y=[1, 1], mode="markers", marker=dict(size=11, color=[SOFTMAX_COLOUR, LINEAR_COLOUR]),
                     showlegend=False)
     fig.update_xaxes(type="log", title_text="sequence length T")
     fig.update_yaxes(type="log", title_text="predicted CPU time (ms)")
@@ -171,27 +172,4 @@ def crossover_explorer(model: Mapping[str, float], *, lengths=(64, 131072)):
     return W.VBox([W.HBox([d_slider, t_slider]), fig])
 
 
-
-
-def linear_attention_weights(q, k, *, feature_map=None, feature_kwargs: dict | None = None,
-                             causal: bool = True, normalize: bool = True) -> np.ndarray:
-    """The ``[T, T]`` weights of (normalised) linear attention for one head, computed by the library:
-    :func:`attnlib.linear_attention` applied to ``v = I_T`` returns, in row ``t``, the weights query
-    ``t`` puts on each value, ``w_tj = phi(q_t) . phi(k_j) / (phi(q_t) . kappa_t)`` (``scale = 1``).
-
-    With a non-negative feature map these rows are a one-sided transport plan whose Gibbs kernel
-    ``phi(Q) phi(K)^T`` has rank at most ``D'`` (non-causal) and whose partition function is
-    ``phi(q_t) . kappa_t``; with the identity map (``feature_map=None``) the rows still sum to one but
-    can have negative entries, and are no plan.
-    """
-    from ..linear import linear_attention
-
-    q, k = _single_head("q", q), _single_head("k", k)
-    T = k.shape[0]
-    eye = torch.eye(T, dtype=torch.float64)[None, None]
-    W = linear_attention(q[None, None], k[None, None], eye, scale=1.0, causal=causal, normalize=normalize,
-                         feature_map=feature_map, feature_kwargs=feature_kwargs, mode="parallel")
-    return W[0, 0].numpy()
-
-
-__all__ = ["state_buildup_figure", "crossover_figure", "crossover_explorer", "linear_attention_weights"]
+__all__ = ["state_buildup_figure", "crossover_figure", "crossover_explorer"]

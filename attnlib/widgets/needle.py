@@ -15,8 +15,14 @@ from plotly.subplots import make_subplots
 
 from .. import needle
 from ._slider import add_frame_slider
+from ._style import colour
 
-EXACT_COLOR, ALGO_COLOR = "#1f77b4", "#d62728"
+EXACT_COLOR, ALGO_COLOR, NEEDLE_COLOR = colour(0), colour(1), colour(4)
+
+
+def slider_label(name: str) -> str:
+    """An algorithm's name as a slider step label: one word per line, so that eight fit side by side."""
+    return name.replace("_", "<br>")
 
 
 def _probe_z(algo, case) -> np.ndarray:
@@ -37,7 +43,8 @@ def _caption(algo, case, err) -> str:
     p = algo.probes(case.q, case.k)
     seen = "no exact score (features / low rank)" if p is None else \
         f"{int(p.sum())} of {case.T ** 2} scores ({p.float().mean().item():.1%})"
-    return f"{algo.name} [{algo.kind}] — {seen}; needle (i={case.i}, j={case.j}), M={case.M:g}: L1 error {err:.3f}"
+    return (f"{algo.name} [{algo.kind}] against the needle<br><sup>probes: {seen}<br>needle (i={case.i}, "
+            f"j={case.j}), M={case.M:g}: L1 error {err:.3f}</sup>")
 
 
 def probe_map_figure(algos: Sequence, *, M: float = 80.0, active: int = 0) -> go.Figure:
@@ -47,8 +54,8 @@ def probe_map_figure(algos: Sequence, *, M: float = 80.0, active: int = 0) -> go
     algos = list(algos)
     if not algos:
         raise ValueError("algos must hold at least one algorithm")
-    fig = make_subplots(rows=1, cols=2, column_widths=[0.5, 0.5], horizontal_spacing=0.08,
-                        subplot_titles=("probe map (dark: exact score computed)", "row i: exact vs algorithm"))
+    fig = make_subplots(rows=1, cols=2, column_widths=[0.5, 0.5], horizontal_spacing=0.12,
+                        subplot_titles=("probe map", "planted row i"))
     frames, labels, caps = [], [], []
     for n, algo in enumerate(algos):
         case = needle.attack(algo, M=M)
@@ -60,7 +67,7 @@ def probe_map_figure(algos: Sequence, *, M: float = 80.0, active: int = 0) -> go
                                      showscale=False, hovertemplate="q%{y} · k%{x}: %{z}<extra></extra>"),
                           row=1, col=1)
             fig.add_trace(go.Scatter(x=[case.j], y=[case.i], mode="markers", name="needle (i, j)",
-                                     marker=dict(symbol="x", size=14, color="#ff7f0e", line=dict(width=2))),
+                                     marker=dict(symbol="x", size=14, color=NEEDLE_COLOR, line=dict(width=2))),
                           row=1, col=1)
             fig.add_trace(go.Scatter(y=exact, mode="lines", name="exact row", line=dict(color=EXACT_COLOR)),
                           row=1, col=2)
@@ -70,14 +77,12 @@ def probe_map_figure(algos: Sequence, *, M: float = 80.0, active: int = 0) -> go
                                      go.Scatter(y=exact), go.Scatter(y=got)],
                                name=f"algo{n}", traces=[0, 1, 2, 3],
                                layout=go.Layout(title_text=caps[-1])))
-        labels.append(algo.name)
+        labels.append(slider_label(algo.name))
     T = algos[0].T
-    fig.update_layout(title=dict(text=caps[active], font=dict(size=13)), height=470,
-                      margin=dict(t=80, l=40, r=20, b=20), legend=dict(x=1.0, xanchor="right", y=1.0,
-                                                                       bgcolor="rgba(255,255,255,0.8)"))
+    fig.update_layout(title_text=caps[active], height=540, margin=dict(t=110))
     fig.update_yaxes(range=[T - 0.5, -0.5], title_text="query i", row=1, col=1)
-    fig.update_xaxes(range=[-0.5, T - 0.5], title_text="key j", row=1, col=1)
-    fig.update_xaxes(title_text="key", row=1, col=2)
+    fig.update_xaxes(range=[-0.5, T - 0.5], title_text="key j (dark: exact score computed)", row=1, col=1)
+    fig.update_xaxes(range=[-0.5, T - 0.5], title_text="key j", row=1, col=2)
     fig.update_yaxes(range=[-0.05, 1.05], title_text="attention weight", row=1, col=2)
     return add_frame_slider(fig, frames, labels, prefix="algorithm: ", active=active)
 
@@ -92,33 +97,35 @@ def row_vs_M_figure(algo, M_values: Sequence[float], *, active: int | None = Non
     for n, M in enumerate(Ms):
         case = needle.attack(algo, M=M)
         exact, got, err = _rows(algo, case)
-        caps.append(f"{algo.name}: M = {M:g}, needle mass π(M) = {needle.needle_mass(case.T, M):.3f}, "
-                    f"L1 error {err:.3f}")
+        caps.append(f"{algo.name}: the planted row as M grows<br><sup>M = {M:g}, needle mass "
+                    f"π(M) = {needle.needle_mass(case.T, M):.3f}, L1 error {err:.3f}</sup>")
         if n == active:
             fig = go.Figure([go.Scatter(y=exact, mode="lines", name="exact row", line=dict(color=EXACT_COLOR)),
                              go.Scatter(y=got, mode="lines", name="algorithm's row",
                                         line=dict(color=ALGO_COLOR, dash="dot"))])
         frames.append(go.Frame(data=[go.Scatter(y=exact), go.Scatter(y=got)], name=f"M{n}", traces=[0, 1],
                                layout=go.Layout(title_text=caps[-1])))
-    fig.update_layout(title=dict(text=caps[active], font=dict(size=13)), height=380,
-                      xaxis_title="key", yaxis=dict(title="attention weight", range=[-0.05, 1.05]),
-                      margin=dict(t=70, b=40))
+    fig.update_layout(title_text=caps[active], height=420, margin=dict(t=90),
+                      xaxis=dict(title="key j", range=[-0.5, algo.T - 0.5]),
+                      yaxis=dict(title="attention weight", range=[-0.05, 1.05]))
     return add_frame_slider(fig, frames, [f"{m:g}" for m in Ms], prefix="M = ", active=active)
 
 
 def error_curves_figure(x_values: Sequence[float], errors: dict[str, Sequence[float]], *, x_title: str,
                         log_x: bool = False, reference: Sequence[float] | None = None,
-                        reference_name: str = "") -> go.Figure:
-    """L1 error on the planted row against ``M`` or ``T``, one line per algorithm; the limit 2 dashed."""
+                        reference_name: str = "", title: str | None = None) -> go.Figure:
+    """L1 error on the planted row against ``M`` or ``T``, one line per algorithm; the limit 2 dashed
+    (its label at the left end, clear of labels a caller puts at the top of a vertical line)."""
     fig = go.Figure()
     for name, errs in errors.items():
         fig.add_trace(go.Scatter(x=list(x_values), y=list(errs), mode="lines+markers", name=name))
     if reference is not None:
         fig.add_trace(go.Scatter(x=list(x_values), y=list(reference), mode="lines", name=reference_name,
                                  line=dict(color="black", dash="dot")))
-    fig.add_hline(y=2.0, line=dict(color="grey", dash="dash"), annotation_text="2 (the limit)")
-    fig.update_layout(height=400, xaxis_title=x_title, yaxis=dict(title="L1 error on row i", range=[0, 2.1]),
-                      margin=dict(t=40, b=40))
+    fig.add_hline(y=2.0, line=dict(color="grey", dash="dash"), annotation_text="2 (the limit)",
+                  annotation_position="bottom left")
+    fig.update_layout(height=460, xaxis_title=x_title, yaxis=dict(title="L1 error on row i", range=[0, 2.1]),
+                      title=title or f"Error on the planted row against {x_title}")
     if log_x:
         fig.update_xaxes(type="log")
     return fig
@@ -130,12 +137,16 @@ def error_vs_M_by_T_figure(T_values: Sequence[int], M_values: Sequence[float],
     names = list(errors[T_values[active]])
     fig = go.Figure([go.Scatter(x=list(M_values), y=list(errors[T_values[active]][n]), mode="lines+markers",
                                 name=n) for n in names])
+    def title(T):
+        return f"Every algorithm's error against the needle's score, T = {T}"
+
     frames = [go.Frame(data=[go.Scatter(y=list(errors[T][n])) for n in names], name=f"T{t}",
-                       traces=list(range(len(names))), layout=go.Layout(title_text=f"T = {T}"))
+                       traces=list(range(len(names))), layout=go.Layout(title_text=title(T)))
               for t, T in enumerate(T_values)]
-    fig.add_hline(y=2.0, line=dict(color="grey", dash="dash"))
-    fig.update_layout(title=f"T = {T_values[active]}", height=420, xaxis=dict(title="M", type="log"),
-                      yaxis=dict(title="L1 error on row i", range=[0, 2.1]), margin=dict(t=50, b=40))
+    fig.add_hline(y=2.0, line=dict(color="grey", dash="dash"), annotation_text="2 (the limit)",
+                  annotation_position="bottom left")
+    fig.update_layout(title=title(T_values[active]), height=480, xaxis=dict(title="needle score M", type="log"),
+                      yaxis=dict(title="L1 error on row i", range=[0, 2.1]))
     return add_frame_slider(fig, frames, [str(T) for T in T_values], prefix="T = ", active=active)
 
 
@@ -145,8 +156,9 @@ def work_figure(T_values: Sequence[int], work: dict[str, Sequence[float]]) -> go
     fig = go.Figure([go.Scatter(x=Ts, y=list(w), mode="lines+markers", name=n) for n, w in work.items()])
     fig.add_trace(go.Scatter(x=Ts, y=[t * t for t in Ts], mode="lines", name="exact: T²",
                              line=dict(color="black", width=3, dash="dash")))
-    fig.update_layout(height=420, xaxis=dict(title="T", type="log"),
-                      yaxis=dict(title="work (score equivalents)", type="log"), margin=dict(t=30, b=40))
+    fig.update_layout(height=460, xaxis=dict(title="sequence length T", type="log"),
+                      yaxis=dict(title="work (score equivalents)", type="log"),
+                      title="Work of each algorithm against exact attention's T²")
     return fig
 
 
