@@ -323,7 +323,8 @@ def _figure_builders():
         "transport_plan": lambda: widgets.transport_plan_figure(torch.randn(5, 7, generator=g), [0.1, 1.0, 10.0]),
         "attention_map": lambda: widgets.attention_map_figure(q, k, [0.5, 2.0]),
         "weights_comparison": lambda: widgets.weights_comparison_figure(
-            [{"softmax": W, "delta rule": delta_rule_weights(q, k, b).numpy()} for b in (0.5, 1.0)], ["0.5", "1"],
+            [{"softmax (the plan)": W, "delta rule, implied weights": delta_rule_weights(q, k, b).numpy()}
+             for b in (0.5, 1.0)], ["0.5", "1"],
             prefix="β = ", title="weights"),
         "probe_map": lambda: nw.probe_map_figure(algos),
         "row_vs_M": lambda: nw.row_vs_M_figure(algos[0], [1, 10, 100]),
@@ -497,3 +498,33 @@ def test_every_glued_figure_on_a_chapter_page_is_numbered_captioned_and_referenc
             assert "doc" in opts and opts.get("name", "").startswith("fig-"), f"{page.name}: {m.group(1)} {opts}"
             assert m.group(3).strip() and "```" not in m.group(3), f"{page.name}: {m.group(1)} has no caption"
             assert f"{{numref}}`{opts['name']}`" in text, f"{page.name}: the prose never refers to {opts['name']}"
+
+
+def _title_lines(text):
+    """``(main lines, <sup> lines)`` of a Plotly title, tags stripped."""
+    import re
+    main, _, sup = text.partition("<sup>")
+    strip = lambda s: [re.sub(r"<[^>]+>", "", line) for line in s.split("<br>") if line.strip()]  # noqa: E731
+    return strip(main), strip(sup)
+
+
+@pytest.mark.parametrize("name", FIGURES)
+def test_titles_fit_a_phone(built, name):
+    """Plotly does not wrap a title: every line of it, in every slider step, fits a 390-px screen."""
+    from attnlib.widgets._style import SUBTITLE_CHARS, TITLE_CHARS
+    fig = built[name]
+    titles = [fig.layout.title.text] + [f.layout.title.text for f in fig.frames
+                                        if f.layout is not None and f.layout.title.text]
+    for text in titles:
+        main, sup = _title_lines(text)
+        assert all(len(line) <= TITLE_CHARS for line in main), f"{name}: {main}"
+        assert all(len(line) <= SUBTITLE_CHARS for line in sup), f"{name}: {sup}"
+
+
+def test_curves_figure_takes_styles_and_error_bars_and_checks_lengths():
+    fig = widgets.curves_figure({"a": ([1, 2], [3, 4]), "b": ([1, 2], [1, 1])}, title="t", x_title="x", y_title="y",
+                                styles={"b": dict(line=dict(dash="dash"))}, errors={"a": [0.1, 0.2]})
+    assert fig.data[1].line.dash == "dash" and fig.data[1].line.color == widgets.colour(1)   # merged, not replaced
+    assert list(fig.data[0].error_y.array) == [0.1, 0.2] and fig.data[1].error_y.array is None
+    with pytest.raises(ValueError, match="2 x values but 1 y values"):
+        widgets.curves_figure({"a": ([1, 2], [3])}, title="t", x_title="x", y_title="y")

@@ -13,6 +13,7 @@ Widgets draw; what they draw is computed by the library (``attnlib.experiments``
 """
 
 from . import _style
+from ._style import colour
 
 _style.register()
 
@@ -25,5 +26,5 @@ from .eot import (  # noqa: E402
     weights_comparison_figure,
 )
 
-__all__ = ["attention_map_figure", "attention_explorer", "curves_figure", "transport_plan_figure",
+__all__ = ["attention_map_figure", "attention_explorer", "colour", "curves_figure", "transport_plan_figure",
            "transport_plan_explorer", "weights_comparison_figure"]

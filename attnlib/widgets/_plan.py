@@ -61,9 +61,12 @@ def plan_pair_figure(left: torch.Tensor, right: torch.Tensor, titles: tuple[str,
         fig.add_trace(tr, row=r, col=c)
     for c in (1, 3):
         fig.update_xaxes(title_text="key j", row=1, col=c, showticklabels=False)
-        fig.update_yaxes(title_text="query i", autorange="reversed", row=1, col=c)
+        # The right-hand plan has the same queries and the same column-sum scale: label them once, on the left.
+        fig.update_yaxes(title_text="query i" if c == 1 else None, showticklabels=(c == 1), autorange="reversed",
+                         row=1, col=c)
         fig.update_xaxes(title_text="key j", row=2, col=c)
-        fig.update_yaxes(range=[0, column_sum_max], title_text="column sum", row=2, col=c)
+        fig.update_yaxes(range=[0, column_sum_max], title_text="column sum" if c == 1 else None,
+                         showticklabels=(c == 1), row=2, col=c)
     for c in (2, 4):
         fig.update_yaxes(autorange="reversed", showticklabels=False, row=1, col=c)
         fig.update_xaxes(range=[0, row_sum_max], title_text="row sum", tickvals=[0, 1], row=1, col=c)

@@ -69,12 +69,14 @@ def add_frame_slider(fig: go.Figure, frames: Sequence[go.Frame], labels: Sequenc
     ]
     fig.update_layout(sliders=[dict(active=active, steps=steps, currentvalue=dict(prefix=prefix))])
     names = _legend_names(fig)
+    bottom = SLIDER_PX + 50                                                   # + the x axis' ticks and title
     if names:
-        rows = legend_rows(names)
         fig.update_layout(legend=dict(yref="container", y=0.0, yanchor="bottom"))
-        bottom = SLIDER_PX + LEGEND_ROW_PX * rows + 50                      # + the x axis' ticks and title
-        fig.update_layout(margin=dict(b=max(bottom, fig.layout.margin.b or 0)))
-    else:
-        fig.update_layout(margin=dict(b=max(SLIDER_PX + 40, fig.layout.margin.b or 0)))
+        bottom += LEGEND_ROW_PX * legend_rows(names)
+    before = fig.layout.margin.b if fig.layout.margin.b is not None else fig.layout.template.layout.margin.b or 0
+    if bottom > before:
+        # The slider (and legend) take room from the figure, not from the plot: grow the figure by it.
+        height = fig.layout.height or 450
+        fig.update_layout(margin=dict(b=bottom), height=height + bottom - before)
     return fig
 

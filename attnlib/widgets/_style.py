@@ -27,6 +27,21 @@ LEGEND_BELOW = dict(orientation="h", x=0.0, xanchor="left", y=-0.18, yanchor="to
                     bgcolor="rgba(255,255,255,0)", font=dict(size=11), title=dict(text=""))
 
 
+TITLE_CHARS, SUBTITLE_CHARS = 48, 64   # a title line, and a <sup> line, that fit a 390-px phone
+
+
+def wrap(text: str, width: int = 18) -> str:
+    """``text`` broken into lines of at most ``width`` characters at spaces (Plotly's ``<br>``): a panel
+    title that fits over its panel on a phone."""
+    lines: list[str] = []
+    for word in text.split(" "):
+        if lines and len(lines[-1]) + 1 + len(word) <= width:
+            lines[-1] += " " + word
+        else:
+            lines.append(word)
+    return "<br>".join(lines)
+
+
 def colour(i: int) -> str:
     """The ``i``-th colour of the book's colourway (cycling): the same quantity, the same colour."""
     return COLORWAY[i % len(COLORWAY)]
@@ -38,8 +53,9 @@ def _template() -> go.layout.Template:
     t.layout.update(
         font=dict(family=FONT, size=12, color="#222"),
         colorway=list(COLORWAY),
-        title=dict(x=0.0, xanchor="left", xref="paper", y=0.98, yanchor="top", yref="container",
-                   font=dict(size=14), automargin=True),
+        # From the figure's left edge (not the plot's): a phone has room for about 48 characters.
+        title=dict(x=0.0, xanchor="left", xref="container", y=0.98, yanchor="top", yref="container",
+                   pad=dict(l=8), font=dict(size=14), automargin=True),
         margin=dict(l=60, r=20, t=70, b=60, pad=0),
         autosize=True,
         legend=LEGEND_BELOW,

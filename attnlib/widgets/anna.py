@@ -21,8 +21,8 @@ from ._style import colour
 
 def plan_stats(P: torch.Tensor) -> str:
     rows = P.sum(-1)
-    return (f"H={eot.entropy(P).item():.2f}, support {int((P > 0).sum())}/{P.numel()}, "
-            f"empty rows {int((rows == 0).sum())}, max col. sum {P.sum(0).max().item():.2f}")
+    return (f"H {eot.entropy(P).item():.2f}, support {int((P > 0).sum())}/{P.numel()}, "
+            f"{int((rows == 0).sum())} empty, col ≤ {P.sum(0).max().item():.2f}")
 
 
 def anna_plan_figure(q, k, settings: Sequence[tuple[int, int]], *, tau: float = 0.1, seed: int = 0,
@@ -149,9 +149,8 @@ def reproduction_figure(summary: dict, ls, zs, *, show_zs=None, title: str = "")
                               name=f"the stand-in itself ({m:.3f} ± {sd:.3f})"))
         return out
 
-    frames = [go.Frame(data=traces(n), name=n,
-                       layout=go.Layout(title_text=f"{title} -- trained through: {n} ({summary[n]['n_seeds']} seeds)"))
-              for n in names]
+    frames = [go.Frame(data=traces(n), name=n, layout=go.Layout(
+        title_text=f"{title}<br><sup>trained through: {n} ({summary[n]['n_seeds']} seeds)</sup>")) for n in names]
     fig = go.Figure(data=frames[0].data, layout=go.Layout(title_text=frames[0].layout.title.text))
     fig.update_xaxes(title_text="tables l" + (" (layer 1 / layer 2)" if "/" in x[0] else "")
                      + (";  ∞: the many-table limit" if with_limit else ""), type="category")

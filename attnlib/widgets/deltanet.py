@@ -67,7 +67,7 @@ def stability_figure(betas=(0.5, 1.0, 1.5, 1.9, 2.1, 2.5), key_norms=(1.0,), *, 
                            line=dict(color=DELTA_COLOUR if abs(lam) <= 1 else UNSTABLE_COLOUR))]
 
     fig = go.Figure(data=traces(combos[0]))
-    fig.update_layout(title="Delta rule: the state's norm, stable up to β‖k‖² = 2",
+    fig.update_layout(title="Delta rule: the state's norm<br><sup>stable while β‖k‖² ≤ 2</sup>",
                       xaxis_title="token t", yaxis_title="‖S<sub>t</sub>‖ (Frobenius)", yaxis_type="log",
                       yaxis_range=[-1, ymax], xaxis_range=[1, T], height=420, showlegend=True)
     frames = [go.Frame(data=traces(c), name=f"b{c[0]}n{c[1]}") for c in combos]

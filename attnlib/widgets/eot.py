@@ -17,7 +17,7 @@ from .. import _validate, eot
 from ..experiments.weights import softmax_weights
 from ._plan import as_single_head, plan_frame_traces, plan_pair_figure, plan_traces
 from ._slider import add_frame_slider
-from ._style import PLAN_SCALE, SIGNED_SCALE
+from ._style import PLAN_SCALE, SIGNED_SCALE, wrap
 
 
 def _as_cost(C) -> torch.Tensor:
@@ -159,7 +159,7 @@ def weights_comparison_figure(steps: Sequence[Mapping[str, np.ndarray]], labels:
 
     # Room between panels for each panel's own colour bar; rows are the same queries in every panel, so
     # only the first panel labels them.
-    fig = make_subplots(rows=1, cols=len(names), subplot_titles=names, horizontal_spacing=0.16)
+    fig = make_subplots(rows=1, cols=len(names), subplot_titles=[wrap(n) for n in names], horizontal_spacing=0.16)
     for c, W in enumerate(mats[active], start=1):
         axis = "coloraxis" if c == 1 else f"coloraxis{c}"
         fig.add_trace(go.Heatmap(z=W, coloraxis=axis,
@@ -169,8 +169,8 @@ def weights_comparison_figure(steps: Sequence[Mapping[str, np.ndarray]], labels:
                          row=1, col=c)
         right = fig.layout[f"xaxis{'' if c == 1 else c}"].domain[1]
         fig.update_layout({axis: dict(colorscale=SIGNED_SCALE, cmin=-scales[c - 1], cmax=scales[c - 1], cmid=0.0,
-                                      colorbar=dict(title=dict(text="weight"), x=right + 0.005, xanchor="left",
-                                                    len=0.8, thickness=10))})
+                                      colorbar=dict(title=dict(text="weight" if c == len(names) else ""),
+                                                    x=right + 0.005, xanchor="left", len=0.8, thickness=10))})
     frames = [go.Frame(data=[go.Heatmap(z=W) for W in row], name=f"s{i}", traces=list(range(len(names))),
                        layout=go.Layout(title_text=f"{title}<br><sup>{describe(row)}</sup>"))
               for i, row in enumerate(mats)]

@@ -63,7 +63,7 @@ def planes_figure(pairs: Sequence[tuple]) -> go.Figure:
             fig.add_trace(tr)
         p = plucker(torch.tensor(u), torch.tensor(w)).numpy()
         lines.append(f"plane {k}: p = ({p[0]:.2f}, {p[1]:.2f}, {p[2]:.2f})")
-    fig.update_layout(title="Planes through the origin and their Plücker coordinates<br><sup>"
+    fig.update_layout(title="Planes and their Plücker coordinates<br><sup>"
                       + "<br>".join(lines) + "</sup>", height=560, scene=_scene(vectors),
                       margin=dict(l=0, r=0, t=60 + 16 * len(lines)))
     return fig

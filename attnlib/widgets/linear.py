@@ -48,9 +48,10 @@ def state_buildup_figure(q, k, v, *, bytes_per_number: int = 2) -> go.Figure:
     kv = ts * (D + Dv) * bytes_per_number
     st = np.full(T, Dv * D * 4)                                          # fp32 state
 
-    # Panel names go in the axis titles (under each panel), not in subplot titles over them: three titles
-    # side by side overprint one another at a phone's width.
-    fig = make_subplots(rows=1, cols=3, column_widths=[0.38, 0.27, 0.35], horizontal_spacing=0.1)
+    # Two panels over one: three side by side leave no room for their axis titles at a phone's width.
+    # Panel names go in the axis titles; subplot titles over the panels would overprint each other.
+    fig = make_subplots(rows=2, cols=2, column_widths=[0.55, 0.45], row_heights=[0.55, 0.45],
+                        horizontal_spacing=0.16, vertical_spacing=0.2, specs=[[{}, {}], [{"colspan": 2}, None]])
     KV_COLOUR, STATE_COLOUR = colour(1), colour(2)
 
     def traces(t: int):
@@ -71,16 +72,16 @@ def state_buildup_figure(q, k, v, *, bytes_per_number: int = 2) -> go.Figure:
         ]
 
     for i, tr in enumerate(traces(1)):
-        col = 1 if i == 0 else (2 if i < 3 else 3)
-        fig.add_trace(tr, row=1, col=col)
+        fig.add_trace(tr, row=1 if i < 3 else 2, col=1 if i == 0 or i >= 3 else 2)
     omax = max(outs.abs().max().item(), quad.abs().max().item()) * 1.1 or 1.0
     fig.update_yaxes(range=[-omax, omax], title_text="output o<sub>t</sub>", row=1, col=2)
     fig.update_xaxes(title_text="state S<sub>t</sub>: key dim", row=1, col=1)
-    fig.update_yaxes(title_text="value dim", autorange="reversed", row=1, col=1)
+    fig.update_xaxes(dtick=1, row=1, col=1)
+    fig.update_yaxes(title_text="value dim", autorange="reversed", dtick=1, row=1, col=1)
     fig.update_xaxes(title_text="output: value dim", row=1, col=2)
-    fig.update_xaxes(title_text="token t", range=[0.5, T + 0.5], row=1, col=3)
-    fig.update_yaxes(title_text="bytes per head", range=[0, 1.05 * max(kv.max(), st.max())], row=1, col=3)
-    fig.update_layout(height=460, title="Linear attention as an RNN: one outer product per token")
+    fig.update_xaxes(title_text="token t", range=[0.5, T + 0.5], row=2, col=1)
+    fig.update_yaxes(title_text="bytes per head", range=[0, 1.05 * max(kv.max(), st.max())], row=2, col=1)
+    fig.update_layout(height=620, title="Linear attention as an RNN<br><sup>one outer product per token</sup>")
     frames = [go.Frame(data=traces(t), name=f"t{t}") for t in range(1, T + 1)]
     return add_frame_slider(fig, frames, [str(t) for t in range(1, T + 1)], prefix="t = ")
 
@@ -133,7 +134,7 @@ def crossover_figure(measurements: Mapping[int, Mapping[str, Sequence[float]]], 
                      range=[math.log10(min(all_T)) - 0.05, math.log10(max(all_T)) + 0.05])
     fig.update_yaxes(type="log", title_text="CPU time (ms)", range=[math.log10(lo) - 0.1,
                                                                      math.log10(hi) + 0.1])
-    fig.update_layout(height=500, title="Causal softmax vs linear attention: CPU time (one thread)")
+    fig.update_layout(height=500, title="Causal softmax vs linear attention<br><sup>CPU time, one thread</sup>")
     frames = [go.Frame(data=traces(D), name=f"D{D}") for D in Ds]
     return add_frame_slider(fig, frames, [str(D) for D in Ds], prefix="head dim D = ")
 

@@ -138,7 +138,7 @@ def error_vs_M_by_T_figure(T_values: Sequence[int], M_values: Sequence[float],
     fig = go.Figure([go.Scatter(x=list(M_values), y=list(errors[T_values[active]][n]), mode="lines+markers",
                                 name=n) for n in names])
     def title(T):
-        return f"Every algorithm's error against the needle's score, T = {T}"
+        return f"Error against the needle's score, T = {T}"
 
     frames = [go.Frame(data=[go.Scatter(y=list(errors[T][n])) for n in names], name=f"T{t}",
                        traces=list(range(len(names))), layout=go.Layout(title_text=title(T)))
@@ -158,7 +158,7 @@ def work_figure(T_values: Sequence[int], work: dict[str, Sequence[float]]) -> go
                              line=dict(color="black", width=3, dash="dash")))
     fig.update_layout(height=460, xaxis=dict(title="sequence length T", type="log"),
                       yaxis=dict(title="work (score equivalents)", type="log"),
-                      title="Work of each algorithm against exact attention's T²")
+                      title="Work of each algorithm against T²")
     return fig
 
 
