@@ -66,7 +66,7 @@ def probe_map_figure(algos: Sequence, *, M: float = 80.0, active: int = 0) -> go
             fig.add_trace(go.Heatmap(z=z, zmin=0, zmax=1, colorscale=[[0, "#f4f4f4"], [1, "#2b3a55"]],
                                      showscale=False, hovertemplate="q%{y} · k%{x}: %{z}<extra></extra>"),
                           row=1, col=1)
-            fig.add_trace(go.Scatter(x=[case.j], y=[case.i], mode="markers", name="needle (i, j)",
+            fig.add_trace(go.Scatter(x=[case.j], y=[case.i], mode="markers", name="needle (i, j)", cliponaxis=False,
                                      marker=dict(symbol="x", size=14, color=NEEDLE_COLOR, line=dict(width=2))),
                           row=1, col=1)
             fig.add_trace(go.Scatter(y=exact, mode="lines", name="exact row", line=dict(color=EXACT_COLOR)),
