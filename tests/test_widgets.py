@@ -301,6 +301,7 @@ def _figure_builders():
     from attnlib import needle
     from attnlib.experiments.kernels import Launch
     from attnlib.experiments.weights import delta_rule_weights, softmax_weights
+    from attnlib.grassmann import CausalGrassmannMixing
     from attnlib.widgets import anna as wa
     from attnlib.widgets import deltanet as wdn
     from attnlib.widgets import grassmann as wg
@@ -343,6 +344,8 @@ def _figure_builders():
         "conditions": lambda: wa.conditions_heatmap([1, 2], [3, 4], [[.1, .2], [.3, .4]], title="conditions"),
         "reproduction": lambda: wa.reproduction_figure(summary, [1, 4], [2, 4], title="distilled"),
         "planes": lambda: wg.planes_figure([(np.array([1., 0, 0]), np.array([0, 2., 1]))]),
+        "pair": lambda: wg.pair_figure(CausalGrassmannMixing(8, reduced_dim=5, offsets=(1, 2)),
+                                       torch.randn(1, 6, 8, generator=g), 5, 2, tokens=list("abcdef")),
         "plucker_features": lambda: wg.features_figure(torch.randn(10, 6, generator=g, dtype=torch.float64),
                                                        [3, 6], [1, 4]),
     }
@@ -401,7 +404,7 @@ def test_legends_sit_outside_the_plot_and_off_the_slider(built, name):
     assert orientation == "h", name
 
 
-NO_SLIDER = ("planes", "conditions", "collision", "work", "error_curves", "curves")
+NO_SLIDER = ("planes", "pair", "conditions", "collision", "work", "error_curves", "curves")
 
 
 @pytest.mark.parametrize("name", [n for n in FIGURES if n not in NO_SLIDER])

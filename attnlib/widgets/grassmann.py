@@ -21,6 +21,7 @@ from ._slider import add_frame_slider
 from ._style import COLORWAY, SIGNED_SCALE
 
 COLORS = COLORWAY
+SUPERSCRIPTS = str.maketrans("0123456789", "⁰¹²³⁴⁵⁶⁷⁸⁹")
 
 
 def _scene(vectors, **kw) -> dict:
@@ -126,28 +127,30 @@ def pair_figure(layer: CausalGrassmannMixing, h: torch.Tensor, t: int, delta: in
     p = p / p.norm().clamp_min(layer.eps)
     r = z.shape[1]
     if r == 3:
-        u3, w3, note = u.numpy(), w.numpy(), "z in R^3"
+        u3, w3, note = u.numpy(), w.numpy(), "z in R³"
     else:
         basis = torch.linalg.svd(z - z.mean(0), full_matrices=False).Vh[:3]           # [3, r]
-        u3, w3, note = (basis @ u).numpy(), (basis @ w).numpy(), f"projected from R^{r} to 3 principal axes"
+        note = f"projected from R{str(r).translate(SUPERSCRIPTS)} to 3 principal axes"
+        u3, w3 = (basis @ u).numpy(), (basis @ w).numpy()
     label = (lambda s: f"{s} ({tokens[s]!r})") if tokens is not None else str
-    # Short panel titles (long ones overprint their neighbours); what the 3-D panel shows goes in the title.
-    fig = make_subplots(rows=1, cols=3, column_widths=[0.4, 0.35, 0.25], horizontal_spacing=0.08,
-                        specs=[[{"type": "scene"}, {"type": "xy"}, {"type": "xy"}]],
+    # The plane on top at full width (a 3-D scene squeezed into a third of a phone is cut off), the two bar
+    # charts under it; short panel titles (long ones overprint their neighbours), the rest in the title.
+    fig = make_subplots(rows=2, cols=2, row_heights=[0.55, 0.45], horizontal_spacing=0.2, vertical_spacing=0.1,
+                        specs=[[{"type": "scene", "colspan": 2}, None], [{"type": "xy"}, {"type": "xy"}]],
                         subplot_titles=("the plane", "coordinates", "gate α<sub>t</sub>"))
     for tr in _plane_traces(u3, w3, COLORS[0], f"t={t}, delta={delta}"):
         fig.add_trace(tr, row=1, col=1)
     i, j = pair_indices(r)
     fig.add_trace(go.Bar(x=[f"({a},{b})" for a, b in zip(i.tolist(), j.tolist())], y=p.numpy(),
-                         marker_color=COLORS[1], name="p_ij"), row=1, col=2)
-    fig.add_trace(go.Bar(y=alpha.double().numpy(), marker_color=COLORS[2], name="alpha"), row=1, col=3)
-    fig.update_xaxes(title_text="pair (i, j)", row=1, col=2)
-    fig.update_yaxes(title_text="normalised p<sub>ij</sub>", range=[-1.05, 1.05], row=1, col=2)
-    fig.update_xaxes(title_text="channel", row=1, col=3)
-    fig.update_yaxes(title_text="α<sub>t</sub> (1 keeps h<sub>t</sub>)", range=[0, 1], row=1, col=3)
-    fig.update_layout(height=500, showlegend=False, scene=_scene([u3, w3]), margin=dict(t=100),
-                      title=f"The plane of z at {label(t)} and {label(t - delta)} (t = {t}, δ = {delta})<br><sup>"
-                            f"{note}; mean gate {alpha.mean().item():.2f}</sup>")
+                         marker_color=COLORS[1], name="p_ij"), row=2, col=1)
+    fig.add_trace(go.Bar(y=alpha.double().numpy(), marker_color=COLORS[2], name="alpha"), row=2, col=2)
+    fig.update_xaxes(title_text="pair (i, j)", row=2, col=1)
+    fig.update_yaxes(title_text="normalised p<sub>ij</sub>", range=[-1.05, 1.05], row=2, col=1)
+    fig.update_xaxes(title_text="channel", row=2, col=2)
+    fig.update_yaxes(title_text="α<sub>t</sub> (1 keeps h<sub>t</sub>)", range=[0, 1], row=2, col=2)
+    fig.update_layout(height=780, showlegend=False, scene=_scene([u3, w3]), margin=dict(t=100),
+                      title=f"The plane of z at {label(t)} and {label(t - delta)}<br><sup>t = {t}, δ = {delta}; "
+                            f"{note}<br>mean gate {alpha.mean().item():.2f}</sup>")
     return fig
 
 
