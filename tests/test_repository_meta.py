@@ -1,6 +1,7 @@
-"""House rules that CI enforces: notebooks stored without outputs, one repository URL, and every
-lab in the table of contents."""
+"""House rules that CI enforces: notebooks stored without outputs, one repository URL, every lab in
+the table of contents, and labs whose claims are visible checks in code a page can show."""
 
+import ast
 import json
 import re
 from pathlib import Path
@@ -41,3 +42,54 @@ def test_every_lab_is_in_the_table_of_contents(path):
 
 def test_readme_points_at_the_configured_repository():
     assert _config_repository_url() in (ROOT / "README.md").read_text()
+
+
+# A lab's code is read on a page: lines longer than this wrap or scroll. A line holding a URL may run
+# longer (a URL cannot be wrapped).
+LAB_CODE_LINE_LIMIT = 100
+
+
+def _code_cells(path):
+    nb = json.loads(path.read_text())
+    return [(i, "".join(c["source"])) for i, c in enumerate(nb["cells"]) if c["cell_type"] == "code"]
+
+
+def top_level_asserts(source: str) -> list[int]:
+    """Line numbers of the ``assert`` statements of a code cell that are not inside a function: a
+    claim the cell makes, which should be a visible ``lab.check``. Asserts inside a helper
+    function guard against programming errors and may stay."""
+    def visit(node):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            return
+        if isinstance(node, ast.Assert):
+            found.append(node.lineno)
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    found: list[int] = []
+    visit(ast.parse(source))
+    return found
+
+
+def test_top_level_asserts_are_found_outside_functions_only():
+    source = ("assert x\nfor i in y:\n    if i:\n        assert i > 0\n"
+              "def helper(a):\n    assert a\n    return a\n")
+    assert top_level_asserts(source) == [1, 4]
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_lab_claims_are_visible_checks_not_bare_asserts(path):
+    """Each claim a lab verifies is a ``lab.check(claim, condition, detail)``, which shows the reader
+    what was verified and by how much; a bare ``assert`` passes silently."""
+    bare = [(i, line) for i, source in _code_cells(path) for line in top_level_asserts(source)]
+    assert not bare, (f"{path.name}: bare asserts (cell index, line) {bare}; make each claim a "
+                      "lab.check(claim, condition, detail)")
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_lab_code_lines_fit_on_a_page(path):
+    long = [(i, n + 1, len(line)) for i, source in _code_cells(path)
+            for n, line in enumerate(source.split("\n"))
+            if len(line) > LAB_CODE_LINE_LIMIT and "://" not in line]
+    assert not long, (f"{path.name}: code lines over {LAB_CODE_LINE_LIMIT} characters "
+                      f"(cell index, line, length): {long}")
