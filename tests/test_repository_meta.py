@@ -160,3 +160,16 @@ def test_the_browser_check_counts_dead_widgets():
     view = '<script type="application/vnd.jupyter.widget-view+json">{"model_id": "x"}</script>'
     assert check.dead_widgets("<p>no widgets</p>") == 0
     assert check.dead_widgets(view + view) == 2
+
+
+def test_without_a_browser_make_test_stops_in_one_line_naming_the_command(monkeypatch, capsys):
+    """No Chromium anywhere, not root, and Playwright's installer fails: one line, naming one command."""
+    check = _script("browser_check")
+    ran = []
+    monkeypatch.setattr(check, "find_browser", lambda: None)
+    monkeypatch.setattr(check.os, "geteuid", lambda: 1000)
+    monkeypatch.setattr(check.subprocess, "run", lambda cmd, **kw: ran.append(cmd))
+    assert check.install_browser() == 1
+    assert ran == [[check.sys.executable, "-m", "playwright", "install", "chromium"]]   # the user's own install
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].endswith("-m playwright install --with-deps chromium")
