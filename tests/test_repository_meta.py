@@ -93,3 +93,83 @@ def test_lab_code_lines_fit_on_a_page(path):
             if len(line) > LAB_CODE_LINE_LIMIT and "://" not in line]
     assert not long, (f"{path.name}: code lines over {LAB_CODE_LINE_LIMIT} characters "
                       f"(cell index, line, length): {long}")
+
+
+def _script(name: str):
+    """Import scripts/<name>.py as a module (the scripts are not a package)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_site_serves_its_scripts_itself_and_loads_no_thebe():
+    """One plotly.js and MathJax from _static/ (scripts/site_assets.py), no sphinx-thebe (its script,
+    included twice, raised a page error), no widget scripts from CDNs."""
+    text = (ROOT / "_config.yml").read_text()
+    assert re.search(r"^\s+html_js_files: \[plotly\.min\.js\]$", text, re.M)
+    assert re.search(r"^\s+mathjax_path: mathjax/tex-chtml\.js$", text, re.M)
+    assert re.search(r"^\s+html_static_path: \[book/_static\]$", text, re.M)
+    assert re.search(r"^\s+nb_ipywidgets_js: \{\}", text, re.M)
+    extensions = re.search(r"^\s+extensions: \[([^\]]*)\]", text, re.M)
+    assert extensions and "sphinx_thebe" not in extensions.group(1) and "myst_nb" in extensions.group(1)
+    assert _script("site_assets").STATIC == ROOT / "book" / "_static"
+
+
+def test_the_book_renders_the_labs_from_the_execution_that_make_runs():
+    text = (ROOT / "_config.yml").read_text()
+    assert re.search(r"^\s+execute_notebooks: cache$", text, re.M)
+    labs = _script("execute_labs")
+    assert labs.CACHE == ROOT / "_build" / ".jupyter_cache"        # where myst-nb looks by default
+    make = (ROOT / "Makefile").read_text()
+    assert re.search(r"^book-build: notebooks site-assets$", make, re.M)
+    assert "LABS_FLAGS=--fresh" in make                             # make test never reads an old cache
+
+
+def test_the_execution_cache_is_keyed_on_attnlib_and_the_environment(monkeypatch, tmp_path):
+    labs = _script("execute_labs")
+    (tmp_path / "attnlib").mkdir()
+    (tmp_path / "attnlib" / "ops.py").write_text("x = 1\n")
+    monkeypatch.setattr(labs, "ROOT", tmp_path)
+    monkeypatch.delenv("ATTNBOOK_SEED", raising=False)
+    first = labs.fingerprint()
+    assert labs.fingerprint() == first
+    (tmp_path / "attnlib" / "ops.py").write_text("x = 2\n")
+    second = labs.fingerprint()
+    assert second != first
+    monkeypatch.setenv("ATTNBOOK_SEED", "3")
+    assert labs.fingerprint() != second
+
+
+def test_the_browser_check_expects_a_mechanism_map_on_every_chapter_page():
+    check = _script("browser_check")
+    chapters = sorted(f"book/{p.stem}.html" for p in (ROOT / "book").glob("0[0-9]_*.md"))
+    assert sorted(check.MECHANISM_MAP_PAGES) == chapters
+
+
+@pytest.mark.parametrize("text, raw", [
+    (r"the plan \frac{1}{2}", True), ("$$P = 1$$", True), (r"\(x\)", True), ("P_{ij}", True),
+    (r"\sum_i \lambda_i", True), ("costs $5 and $6", False), ("plain prose, snake_case", False)])
+def test_the_browser_check_sees_raw_tex(text, raw):
+    assert bool(_script("browser_check").RAW_TEX.search(text)) is raw
+
+
+def test_the_browser_check_counts_dead_widgets():
+    check = _script("browser_check")
+    view = '<script type="application/vnd.jupyter.widget-view+json">{"model_id": "x"}</script>'
+    assert check.dead_widgets("<p>no widgets</p>") == 0
+    assert check.dead_widgets(view + view) == 2
+
+
+def test_without_a_browser_make_test_stops_in_one_line_naming_the_command(monkeypatch, capsys):
+    """No Chromium anywhere, not root, and Playwright's installer fails: one line, naming one command."""
+    check = _script("browser_check")
+    ran = []
+    monkeypatch.setattr(check, "find_browser", lambda: None)
+    monkeypatch.setattr(check.os, "geteuid", lambda: 1000)
+    monkeypatch.setattr(check.subprocess, "run", lambda cmd, **kw: ran.append(cmd))
+    assert check.install_browser() == 1
+    assert ran == [[check.sys.executable, "-m", "playwright", "install", "chromium"]]   # the user's own install
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].endswith("-m playwright install --with-deps chromium")
