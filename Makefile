@@ -23,7 +23,7 @@ KERNEL_ENV := $(if $(HAS_GPU),,TRITON_INTERPRET=1)
 NB_ENV   := $(KERNEL_ENV) TQDM_DISABLE=1
 PIP      := $(PY) -m pip install --quiet --disable-pip-version-check
 
-.PHONY: help install book test lint unit notebooks site-assets book-build browser-setup browser bench seeds clean
+.PHONY: help install book test lint unit notebooks labs site-assets book-build browser-setup browser bench seeds clean
 
 help:
 	@echo "make book   -- build the book into $(HTML) (creates $(VENV) if missing)"
@@ -43,17 +43,22 @@ $(STAMP): requirements.txt requirements-dev.txt pyproject.toml | $(PY)
 
 install: $(STAMP)
 
-book: install book-build
+book: install labs book-build
 	@echo
 	@echo "The book is built: open $(abspath $(HTML))/index.html"
 
-# Every lab executed once, into the book's execution cache (_build/.jupyter_cache): a failing cell fails
-# the run and is named; the book build then renders these outputs instead of executing the labs again.
-# The cache is emptied when attnlib, the committed results or the packages change (`make test` always
-# empties it), so a page never shows numbers from older code.
-LABS_FLAGS ?=
+# Every lab executed once, into the book's execution cache (_build/.jupyter_cache), which the book build
+# then renders instead of executing the labs again. `make test` runs them through nbval, two at a time
+# (notebooks/conftest.py stores what nbval executed; the cache starts empty); `make book` through
+# execute_labs.py (in scripts/), which skips labs already cached. Either way the cache is emptied when
+# attnlib, the committed results or the packages change, so a page never shows numbers from older code.
+JOBS     ?= $(if $(HAS_GPU),1,2)
 notebooks: install
-	$(NB_ENV) $(PY) scripts/execute_labs.py $(LABS_FLAGS)
+	$(NB_ENV) $(VENV)/bin/pytest --nbval-lax -p no:cacheprovider -n $(JOBS) --dist loadfile notebooks \
+	  --lab-cache --fresh-lab-cache
+
+labs: install
+	$(NB_ENV) $(PY) scripts/execute_labs.py
 
 # plotly.js and MathJax, served once for the whole site from book/_static/
 site-assets: install
@@ -61,7 +66,7 @@ site-assets: install
 
 # --all: Sphinx re-reads every page, so pages take the cache's new outputs even when no source changed
 # (the HTML from the cached outputs takes seconds).
-book-build: notebooks site-assets
+book-build: site-assets
 	$(NB_ENV) $(VENV)/bin/jupyter-book build . --all --warningiserror --keep-going
 
 lint: install
@@ -69,7 +74,7 @@ lint: install
 	$(VENV)/bin/actionlint .github/workflows/*.yml
 
 unit: install
-	HYPOTHESIS_PROFILE=ci $(VENV)/bin/pytest -p no:cacheprovider tests
+	HYPOTHESIS_PROFILE=ci $(VENV)/bin/pytest -p no:cacheprovider -n $(JOBS) --dist loadfile tests
 
 # A Chromium for the browser check: on PATH, or Playwright's; installed when missing (the system
 # package as root with apt, else Playwright's installer), or one line naming the command to run.
@@ -82,7 +87,7 @@ browser: install
 test: install
 	@start=$$(date +%s); \
 	$(MAKE) --no-print-directory browser-setup; \
-	$(MAKE) --no-print-directory lint unit notebooks book-build browser LABS_FLAGS=--fresh; \
+	$(MAKE) --no-print-directory lint unit notebooks book-build browser; \
 	echo "make test: all checks passed in $$(( $$(date +%s) - start )) s"
 
 # Every benchmark script in turn ([i/n] here, a tqdm bar over the shapes inside each); each writes its JSON

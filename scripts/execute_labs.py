@@ -4,6 +4,9 @@ outputs instead of running every lab a second time.
 
     python scripts/execute_labs.py [--fresh] [--jobs N] [notebooks/*.ipynb]
 
+`make test` runs the labs through nbval instead (``notebooks/conftest.py`` fills the same cache with
+what nbval executed); `make book` runs this script, which skips labs already in the cache.
+
 The cache (jupyter-cache, ``_build/.jupyter_cache``) matches a notebook on its code cells alone. The
 numbers on a page also depend on attnlib, the committed results the labs read, the installed packages
 and the lab's environment (``ATTNBOOK_*``), so the cache is emptied whenever their fingerprint changes
@@ -73,6 +76,15 @@ def open_cache(fresh: bool):
     return get_cache(str(CACHE))
 
 
+def store(cache, path: Path, executed, seconds: float) -> None:
+    """Keep ``executed`` (the notebook at ``path`` with its outputs) in the cache for the book build."""
+    from jupyter_cache.base import CacheBundleIn
+
+    stage = cache.add_nb_to_project(str(path))
+    cache.cache_notebook_bundle(CacheBundleIn(executed, stage.uri, data={"execution_seconds": seconds}),
+                                check_validity=False, overwrite=True)
+
+
 def execute(path: str) -> tuple[str, str | None, float]:
     """Run one notebook in a fresh kernel; return (executed notebook as JSON, failure or None, seconds)."""
     import nbformat
@@ -119,7 +131,6 @@ def main() -> int:
     notebooks = [p.resolve() for p in (args.notebooks or sorted((ROOT / "notebooks").glob("*.ipynb")))]
 
     import nbformat
-    from jupyter_cache.base import CacheBundleIn
 
     cache = open_cache(args.fresh)
     todo = []
@@ -141,10 +152,7 @@ def main() -> int:
                 failures += 1
                 print(f"FAIL    {rel} ({seconds:.0f} s): {failure}", flush=True)
                 continue
-            stage = cache.add_nb_to_project(str(p))
-            cache.cache_notebook_bundle(CacheBundleIn(nbformat.reads(text, as_version=4), stage.uri,
-                                                      data={"execution_seconds": seconds}),
-                                        check_validity=False, overwrite=True)
+            store(cache, p, nbformat.reads(text, as_version=4), seconds)
             print(f"ok      {rel} ({seconds:.0f} s)", flush=True)
     print(f"labs: {len(notebooks) - failures} passed, {failures} failed"
           + (f" ({len(notebooks) - len(todo)} from the cache)" if len(todo) < len(notebooks) else ""))

@@ -123,8 +123,10 @@ def test_the_book_renders_the_labs_from_the_execution_that_make_runs():
     labs = _script("execute_labs")
     assert labs.CACHE == ROOT / "_build" / ".jupyter_cache"        # where myst-nb looks by default
     make = (ROOT / "Makefile").read_text()
-    assert re.search(r"^book-build: notebooks site-assets$", make, re.M)
-    assert "LABS_FLAGS=--fresh" in make                             # make test never reads an old cache
+    assert re.search(r"^book: install labs book-build$", make, re.M)
+    # make test: nbval runs every lab into an emptied cache (notebooks/conftest.py), then the book is built
+    assert re.search(r"--nbval-lax .*notebooks \\\n\s+--lab-cache --fresh-lab-cache$", make, re.M)
+    assert re.search(r"^\s+\$\(MAKE\) --no-print-directory lint unit notebooks book-build browser;", make, re.M)
 
 
 def test_the_execution_cache_is_keyed_on_attnlib_and_the_environment(monkeypatch, tmp_path):
