@@ -1,6 +1,6 @@
 # Attention as Transport -- the two commands a newcomer runs:
 #   make book   set up .venv (once), execute every lab, build the HTML into _build/html
-#   make test   same set-up, then every check CI runs (lint, unit tests, notebooks, book, browser)
+#   make test   same set-up and a browser, then every check CI runs (lint, unit tests, labs, book, browser)
 # Both are idempotent: the venv is reused until requirements*.txt or pyproject.toml change.
 
 SHELL := /bin/bash
@@ -18,16 +18,16 @@ HTML     := _build/html
 # Without a GPU, run the Triton kernels through Triton's interpreter (tests and labs use small shapes).
 HAS_GPU  := $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1)
 KERNEL_ENV := $(if $(HAS_GPU),,TRITON_INTERPRET=1)
-# Notebooks executed here (nbval, the book build) show no tqdm bars: the built pages would keep them as
+# Notebooks executed here (the labs run, the book build) show no tqdm bars: the built pages would keep them as
 # text. tqdm (>= 4.66) reads TQDM_DISABLE when it is imported; a reader running a lab still sees them.
 NB_ENV   := $(KERNEL_ENV) TQDM_DISABLE=1
 PIP      := $(PY) -m pip install --quiet --disable-pip-version-check
 
-.PHONY: help install book test lint unit notebooks book-build browser bench seeds clean
+.PHONY: help install book test lint unit notebooks labs site-assets book-build browser-setup browser bench seeds clean
 
 help:
 	@echo "make book   -- build the book into $(HTML) (creates $(VENV) if missing)"
-	@echo "make test   -- lint, unit tests, notebooks (nbval), book build (-W), browser check"
+	@echo "make test   -- lint, unit tests, every lab once, book build (-W), browser check"
 	@echo "make bench  -- every GPU benchmark, fwd and fwd+bwd (writes benchmarks/results/*.json)"
 	@echo "make seeds  -- every lab over seeds 0-4 with a CPU-bound process beside it (slow)"
 
@@ -43,29 +43,50 @@ $(STAMP): requirements.txt requirements-dev.txt pyproject.toml | $(PY)
 
 install: $(STAMP)
 
-book: install book-build
+book: install labs book-build
 	@echo
 	@echo "The book is built: open $(abspath $(HTML))/index.html"
 
-book-build: install
-	$(NB_ENV) $(VENV)/bin/jupyter-book build . --warningiserror --keep-going
+# Every lab executed once, into the book's execution cache (_build/.jupyter_cache), which the book build
+# then renders instead of executing the labs again. `make test` runs them through nbval, two at a time
+# (notebooks/conftest.py stores what nbval executed; the cache starts empty); `make book` through
+# execute_labs.py (in scripts/), which skips labs already cached. Either way the cache is emptied when
+# attnlib, the committed results or the packages change, so a page never shows numbers from older code.
+JOBS     ?= $(if $(HAS_GPU),1,2)
+notebooks: install
+	$(NB_ENV) $(VENV)/bin/pytest --nbval-lax -p no:cacheprovider -n $(JOBS) --dist loadfile notebooks \
+	  --lab-cache --fresh-lab-cache
+
+labs: install
+	$(NB_ENV) $(PY) scripts/execute_labs.py
+
+# plotly.js and MathJax, served once for the whole site from book/_static/
+site-assets: install
+	$(PY) scripts/site_assets.py
+
+# --all: Sphinx re-reads every page, so pages take the cache's new outputs even when no source changed
+# (the HTML from the cached outputs takes seconds).
+book-build: site-assets
+	$(NB_ENV) $(VENV)/bin/jupyter-book build . --all --warningiserror --keep-going
 
 lint: install
 	$(VENV)/bin/ruff check attnlib tests benchmarks scripts notebooks
 	$(VENV)/bin/actionlint .github/workflows/*.yml
 
 unit: install
-	HYPOTHESIS_PROFILE=ci $(VENV)/bin/pytest -p no:cacheprovider tests
+	HYPOTHESIS_PROFILE=ci $(VENV)/bin/pytest -p no:cacheprovider -n $(JOBS) --dist loadfile tests
 
-notebooks: install
-	$(NB_ENV) $(VENV)/bin/pytest --nbval-lax -p no:cacheprovider notebooks
+# A Chromium for the browser check: on PATH, or Playwright's; installed when missing (the system
+# package as root with apt, else Playwright's installer), or one line naming the command to run.
+browser-setup: install
+	@$(PY) scripts/browser_check.py --install-browser
 
 browser: install
-	@command -v chromium >/dev/null || { echo "chromium not found: apt-get install -y chromium"; exit 1; }
 	$(PY) scripts/browser_check.py $(HTML)
 
 test: install
 	@start=$$(date +%s); \
+	$(MAKE) --no-print-directory browser-setup; \
 	$(MAKE) --no-print-directory lint unit notebooks book-build browser; \
 	echo "make test: all checks passed in $$(( $$(date +%s) - start )) s"
 

@@ -2,11 +2,11 @@
 
 The masked products exist because a matrix product cannot ignore a position by multiplying it by 0:
 ``0 * NaN`` is NaN (and so is ``0 * inf``). Uninitialised right padding, say, would then reach every
-row, including the rows the mask says cannot see it. The references therefore never trust a 0 to
-hide a value: they select (``torch.where``, ``masked_fill``, ``tril``), multiply finite values only,
-and mark NaN exactly the outputs that did see a non-finite value. ``causal_matmul`` /
-``split_nonfinite`` do it for causal masks at the cost of a running sum; ``masked_matmul`` for any
-mask at the cost of a second product.
+row, including the rows the mask says cannot see it. The library therefore never trusts a 0 to
+hide a value: it selects (``torch.where``, ``masked_fill``, ``tril``), multiplies finite values only,
+and marks NaN exactly the outputs that did see a non-finite value. ``split_nonfinite`` does it for
+causal masks at the cost of a running sum (the public functions hand the references its finite part
+and add its poison); ``masked_matmul`` for any mask at the cost of a second product.
 """
 
 from __future__ import annotations
@@ -24,22 +24,10 @@ def split_nonfinite(b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``(b with its non-finite entries set to 0, poison)`` for ``b: [..., N, K]``, where ``poison_id``
     is NaN if some ``j <= i`` has a non-finite ``b_jd`` -- what a causal reader of row ``i`` has met --
     and 0 otherwise. ``tril(a) @ b_finite + poison`` is then the causal product with nothing from
-    above the diagonal (:func:`causal_matmul`); adding 0 changes no value.
+    above the diagonal; adding 0 changes no value.
     """
     poison = (b * 0).cumsum(-2)                       # 0 * NaN = 0 * inf = NaN, carried down the rows
     return torch.nan_to_num(b, nan=0.0, posinf=0.0, neginf=0.0), poison
-
-
-def causal_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """``out_id = sum_{j <= i} a_ij b_jd`` -- ``tril(a) @ b`` in which the positions above the diagonal
-    contribute exactly zero, whatever ``a`` and ``b`` hold there. ``a: [..., N, N]``, ``b: [..., N, K]``.
-
-    The causal case of :func:`masked_matmul`, at the cost of a running sum instead of a second
-    product: row ``i`` sees ``b_jd`` for every ``j <= i``, so it has met a non-finite entry of column
-    ``d`` iff one stands at or above it (then the entry is NaN).
-    """
-    b_finite, poison = split_nonfinite(b)
-    return a.tril() @ b_finite + poison
 
 
 def masked_matmul(a: torch.Tensor, keep: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

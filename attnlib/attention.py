@@ -9,13 +9,14 @@ Chapter 1 reads ``P`` as the unique optimal plan of a one-sided entropic transpo
 cost ``C = -s / scale`` and regulariser ``eps = 1 / scale``, and ``lse`` as (minus, per unit eps) its
 dual potential: the one number per row that the flash kernel keeps.
 
-Masked positions. With ``causal=True`` a key ``j > i`` contributes exactly nothing to row ``i`` in the
-reference, even when ``k`` or ``v`` hold NaN or inf there (e.g. uninitialised right padding): the
-scores are masked with ``masked_fill`` and ``P V`` multiplies only finite values
-(:func:`attnlib._numerics.split_nonfinite`),
-never multiplied by a 0 mask. The flash kernel skips the blocks above the diagonal (never loads them)
-but multiplies within the diagonal block, so there a non-finite *value* reaches the earlier rows of
-its own block: pad with zeros.
+Masked positions. With ``causal=True`` a key ``j > i`` contributes exactly nothing to row ``i`` on the
+PyTorch path of :func:`softmax_attention`, even when ``k`` or ``v`` hold NaN or inf there (e.g.
+uninitialised right padding): the reference masks the scores with ``masked_fill``, and the dispatch
+hands it ``v``'s finite part and marks NaN exactly the rows that saw a non-finite value
+(:func:`attnlib._numerics.split_nonfinite`), since ``P V`` would multiply them by a 0 weight and
+``0 * NaN`` is NaN. The reference itself is the bare equation. The flash kernel skips the blocks above
+the diagonal (never loads them) but multiplies within the diagonal block, so there a non-finite
+*value* reaches the earlier rows of its own block: pad with zeros.
 """
 
 from __future__ import annotations
@@ -40,17 +41,13 @@ def softmax_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     """
     acc = acc_dtype(q.dtype)
     s = scale * (q.to(acc) @ k.to(acc).transpose(-1, -2))            # [B, H, Tq, Tk]
-    if not causal:
-        lse = torch.logsumexp(s, dim=-1)                              # [B, H, Tq]
-        return (torch.exp(s - lse.unsqueeze(-1)) @ v.to(acc)).to(q.dtype), lse
-    Tq, Tk = s.shape[-2:]
-    keep = torch.ones(Tq, Tk, dtype=torch.bool, device=s.device).tril()   # j <= i
-    s = s.masked_fill(~keep, float("-inf"))
-    lse = torch.logsumexp(s, dim=-1)
-    p = torch.exp(s - lse.unsqueeze(-1))                              # rows sum to 1, 0 above the diagonal
-    # P V, but 0 * NaN is NaN: multiply v's finite part, then mark what each row really saw.
-    v_finite, poison = split_nonfinite(v.to(acc))
-    return (p @ v_finite + poison).to(q.dtype), lse
+    if causal:
+        Tq, Tk = s.shape[-2:]
+        keep = torch.ones(Tq, Tk, dtype=torch.bool, device=s.device).tril()   # j <= i
+        s = s.masked_fill(~keep, float("-inf"))
+    lse = torch.logsumexp(s, dim=-1)                                  # [B, H, Tq]
+    p = torch.exp(s - lse.unsqueeze(-1))                              # rows sum to 1
+    return (p @ v.to(acc)).to(q.dtype), lse
 
 
 class _TritonAttention(torch.autograd.Function):
@@ -129,6 +126,13 @@ def softmax_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
         # No kernel of ours here (e.g. a T4): PyTorch's fused attention, which does use its tensor cores
         # and never forms the [T, T] matrix. It returns no LSE, hence the condition.
         return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
+    elif not causal:
+        o, lse = softmax_attention_reference(q, k, v, scale=scale, causal=False)
     else:
-        o, lse = softmax_attention_reference(q, k, v, scale=scale, causal=causal)
+        # P V gives a masked key the weight 0, and 0 * NaN is NaN: a non-finite value at j (uninitialised
+        # padding, say) would reach the rows i < j that cannot see it. So the reference gets v's finite
+        # part, and the rows that did see a non-finite value are marked NaN.
+        v_finite, poison = split_nonfinite(v.to(acc_dtype(q.dtype)))
+        o, lse = softmax_attention_reference(q, k, v_finite, scale=scale, causal=True)
+        o = o + poison.to(o.dtype)
     return (o, lse) if return_lse else o

@@ -26,10 +26,12 @@ unit-norm keys ``beta`` in ``[0, 2]`` keeps every eigenvalue in ``[-1, 1]``; ``b
 ``[0, 2]``; it does not normalise keys (as in fla, that is the model's job -- chapter 4's lab shows
 what happens when it is not done).
 
-Masked positions. In the references a position ``j > t`` contributes exactly nothing to ``o_t``, even
-when ``q, k, v, beta`` or ``g`` hold NaN or inf there (e.g. uninitialised right padding): the
-chunk and parallel forms run on the inputs' finite part and mark NaN what the recurrence would have
-made NaN (``_finite_with_poison``), never trusting a multiplication by a 0 mask. The Triton kernel
+Masked positions. On the PyTorch paths of :func:`delta_rule` a position ``j > t`` contributes exactly
+nothing to ``o_t``, even when ``q, k, v, beta`` or ``g`` hold NaN or inf there (e.g. uninitialised
+right padding): the recurrence never lets it, and for the chunk and parallel forms, which multiply
+masked positions by 0, the dispatch hands them the inputs' finite part and marks NaN what the
+recurrence would have made NaN (``_finite_with_poison``). The references themselves are the bare
+algorithms. The Triton kernel
 multiplies within a chunk, so there a non-finite entry reaches the rows of its own chunk that precede
 it (not earlier chunks): pad with zeros.
 """
@@ -58,12 +60,6 @@ def delta_rule_recurrent_reference(q, k, v, beta, g=None, *, scale: float, initi
 
     Computes in float32 (float64 for float64 inputs). Returns ``(o [B, H, T, Dv], S_T [B, H, Dv, D])``.
     """
-    return _recurrence(q, k, v, beta, g, scale=scale, initial_state=initial_state, clip=None)
-
-
-def _recurrence(q, k, v, beta, g, *, scale, initial_state, clip):
-    """S_t = alpha_t S_{t-1} + beta_t c(v_t - alpha_t S_{t-1} k_t) k_t^T, o_t = S_t q_t, with c the
-    identity (the delta rule) or a componentwise clip to [-clip, clip] (the Huber rule)."""
     acc = acc_dtype(q.dtype)
     q, k, v, beta = (t.to(acc) for t in (q, k, v, beta))
     B, H, T, D = q.shape
@@ -73,10 +69,8 @@ def _recurrence(q, k, v, beta, g, *, scale, initial_state, clip):
     for t in range(T):
         k_t, v_t, b_t = k[:, :, t], v[:, :, t], beta[:, :, t, None]
         if g is not None:
-            S = S * torch.exp(g[:, :, t].to(acc))[..., None, None]                  # forget
+            S = S * torch.exp(g[:, :, t].to(acc))[..., None, None]                  # forget: alpha_t S
         err = v_t - (S @ k_t.unsqueeze(-1)).squeeze(-1)                              # v_t - S k_t, [B,H,Dv]
-        if clip is not None:
-            err = err.clamp(-clip, clip)
         S = S + (b_t * err).unsqueeze(-1) * k_t.unsqueeze(-2)                        # delta rule
         o.append((S @ (scale * q[:, :, t]).unsqueeze(-1)).squeeze(-1))               # o_t = S_t q_t
     o = torch.stack(o, dim=2) if T else q.new_zeros(B, H, 0, v.shape[-1])
@@ -147,7 +141,7 @@ def delta_rule_chunk_reference(q, k, v, beta, g=None, *, scale: float, chunk_siz
         O  = diag(gamma) Q S0^T + (Q K^T . Gamma . M) U'
         S  = gamma_C S0 + U'^T diag(gamma_C / gamma) K
 
-    Non-finite inputs are handled by :func:`_finite_with_poison`: nothing reaches a row it cannot see.
+    Inputs are taken finite: :func:`delta_rule` hands this their finite part (:func:`_finite_with_poison`).
     """
     acc = acc_dtype(q.dtype)
     B, H, T, D = q.shape
@@ -162,7 +156,6 @@ def delta_rule_chunk_reference(q, k, v, beta, g=None, *, scale: float, chunk_siz
             x = torch.nn.functional.pad(x, (0, 0, 0, pad) if x.dim() == 4 else (0, pad), value=fill)
         return x.reshape(B, H, n, C, *x.shape[3:])
 
-    k, v, beta, g, poison = _finite_with_poison(k.to(acc), v.to(acc), beta.to(acc), None if g is None else g.to(acc))
     qc, kc, vc, bc = chunks(q) * scale, chunks(k), chunks(v), chunks(beta)
     gc = chunks(g) if g is not None else None
     Tm, Gamma, G = ut_transform(kc, bc, gc)                         # [B,H,n,C,C]
@@ -189,7 +182,7 @@ def delta_rule_chunk_reference(q, k, v, beta, g=None, *, scale: float, chunk_siz
         S_dec = S if dec is None else dec[:, :, i, None, None] * S
         S = S_dec + Ui.transpose(-1, -2) @ Kend[:, :, i]
     o = torch.stack(outs, dim=2).reshape(B, H, n * C, Dv)[:, :, :T]
-    return o + poison, _poison_state(S, poison)
+    return o, S
 
 
 def delta_rule_parallel_reference(q, k, v, beta, g=None, *, scale: float, initial_state=None):
@@ -200,14 +193,13 @@ def delta_rule_parallel_reference(q, k, v, beta, g=None, *, scale: float, initia
 
     which for ``g = None`` and ``S0 = 0`` is ``(Q K^T . M)(I + diag(beta)(K K^T . M^-))^{-1} diag(beta) V``.
     It is the chunk form with a single chunk of length T. Memory and time ``O(T^2 D + T^3)``.
-    Non-finite inputs are handled by :func:`_finite_with_poison`.
+    Inputs are taken finite, as for :func:`delta_rule_chunk_reference`.
     """
     T = q.shape[2]
     if T == 0:
         return delta_rule_recurrent_reference(q, k, v, beta, g, scale=scale, initial_state=initial_state)
     acc = acc_dtype(q.dtype)
-    kk, vv, bb, gg, poison = _finite_with_poison(k.to(acc), v.to(acc), beta.to(acc),
-                                                 None if g is None else g.to(acc))
+    kk, vv, bb, gg = k.to(acc), v.to(acc), beta.to(acc), None if g is None else g.to(acc)
     qs = q.to(acc) * scale
     Tm, Gamma, G = ut_transform(kk, bb, gg)
     M = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
@@ -224,7 +216,7 @@ def delta_rule_parallel_reference(q, k, v, beta, g=None, *, scale: float, initia
     o = gamma.unsqueeze(-1) * (qs @ S0.transpose(-1, -2)) + P @ U
     decay_end = torch.exp(G[..., -1:] - G) if gg is not None else torch.ones_like(gamma)
     S = gamma[..., -1, None, None] * S0 + U.transpose(-1, -2) @ (decay_end.unsqueeze(-1) * kk)
-    return o + poison, _poison_state(S, poison)
+    return o, S
 
 
 # --------------------------------------------------------------------------------------------------
@@ -356,11 +348,18 @@ def delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Te
         o, S = _TritonDeltaRule.apply(q, k, v, beta, g, initial_state, scale, chunk_size, output_final_state)
     elif mode == "recurrent":
         o, S = delta_rule_recurrent_reference(q, k, v, beta, g, scale=scale, initial_state=initial_state)
-    elif mode == "chunk":
-        o, S = delta_rule_chunk_reference(q, k, v, beta, g, scale=scale, chunk_size=chunk_size,
-                                          initial_state=initial_state)
     else:
-        o, S = delta_rule_parallel_reference(q, k, v, beta, g, scale=scale, initial_state=initial_state)
+        # The chunk and parallel forms multiply masked positions by 0, and 0 * NaN is NaN: they get the
+        # inputs' finite part, and the outputs are marked NaN where the recurrence would have made them so.
+        acc = acc_dtype(q.dtype)
+        kf, vf, bf, gf, poison = _finite_with_poison(k.to(acc), v.to(acc), beta.to(acc),
+                                                     None if g is None else g.to(acc))
+        if mode == "chunk":
+            o, S = delta_rule_chunk_reference(q, kf, vf, bf, gf, scale=scale, chunk_size=chunk_size,
+                                              initial_state=initial_state)
+        else:
+            o, S = delta_rule_parallel_reference(q, kf, vf, bf, gf, scale=scale, initial_state=initial_state)
+        o, S = o + poison, _poison_state(S, poison)
     o = o.to(q.dtype)
     if output_final_state and initial_state is not None and S.data_ptr() == initial_state.data_ptr():
         S = S.clone()                        # T = 0: a new tensor, never the caller's state itself
@@ -394,7 +393,7 @@ def delta_rule_decode_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, be
 
 def huber_delta_rule_recurrent(q, k, v, beta, *, delta: float, scale: float, initial_state=None,
                                return_state: bool = False):
-    """A delta rule for the Huber loss (seed 001's "other losses"), token by token.
+    """A delta rule for the Huber loss, token by token.
 
     One gradient step on ``sum_i huber_delta((S k_t - v_t)_i)`` is ``S += beta_t clip(v_t - S k_t, -delta,
     delta) k_t^T``: errors larger than ``delta`` move the state by at most ``beta delta`` per component,
@@ -402,5 +401,16 @@ def huber_delta_rule_recurrent(q, k, v, beta, *, delta: float, scale: float, ini
     makes the update nonlinear in ``S``: there is no WY / chunk form, only this loop.
     Shapes as :func:`delta_rule_recurrent_reference`; returns ``o`` (and ``S_T`` with ``return_state``).
     """
-    o, S = _recurrence(q, k, v, beta, None, scale=scale, initial_state=initial_state, clip=delta)
+    acc = acc_dtype(q.dtype)
+    q, k, v, beta = (t.to(acc) for t in (q, k, v, beta))
+    B, H, T, D = q.shape
+    S = (torch.zeros(B, H, v.shape[-1], D, dtype=acc, device=q.device) if initial_state is None
+         else initial_state.to(acc).clone())
+    o = []
+    for t in range(T):
+        k_t, v_t, b_t = k[:, :, t], v[:, :, t], beta[:, :, t, None]
+        err = (v_t - (S @ k_t.unsqueeze(-1)).squeeze(-1)).clamp(-delta, delta)    # clip(v_t - S k_t)
+        S = S + (b_t * err).unsqueeze(-1) * k_t.unsqueeze(-2)
+        o.append((S @ (scale * q[:, :, t]).unsqueeze(-1)).squeeze(-1))
+    o = torch.stack(o, dim=2) if T else q.new_zeros(B, H, 0, v.shape[-1])
     return (o, S) if return_state else o

@@ -82,14 +82,12 @@ class Lab:
             value = value.item()
         _glue(name, value)
 
-    def glue_figure(self, name: str, fig, *, plotlyjs: bool = True) -> None:
+    def glue_figure(self, name: str, fig, *, plotlyjs: bool | None = None) -> None:
         """Hand a Plotly figure to the chapter page (``{glue} name`` with ``:doc:``). It travels as
         HTML with precomputed sliders, the form Jupyter Book 1 renders (Plotly's own JSON mime type
-        would be dropped). ``plotlyjs=True`` inlines plotly.js (about 4 MB): the first figure glued
-        into a page needs it, later ones on the same page can pass ``plotlyjs=False``."""
-        from IPython.display import HTML
-
-        _glue(name, HTML(fig.to_html(full_html=False, include_plotlyjs=plotlyjs, auto_play=False)))
+        would be dropped), and draws with the plotly.js that the book serves once for every page.
+        ``plotlyjs`` is accepted and ignored (figures used to inline plotly.js themselves)."""
+        _glue(name, _PageFigure(fig))
 
     def result_file(self, relpath: str):
         """A committed result file (e.g. ``benchmarks/results/x.json``) as parsed JSON, or None.
@@ -129,21 +127,83 @@ def in_colab() -> bool:
     return "google.colab" in sys.modules
 
 
+def figure_html(fig, default_height="100%") -> str:
+    """A figure as an HTML fragment for the built book: its data, layout and precomputed slider
+    frames, drawn by the ``Plotly`` the page already has (the book serves plotly.js once, in
+    ``_static/plotly.min.js``). No plotly.js and no MathJax inlined: a second MathJax beside the
+    page's own would break its math, and 4.8 MB of plotly.js per figure would make every page heavy."""
+    import plotly.io as pio
+
+    return pio.to_html(fig, full_html=False, include_plotlyjs=False, include_mathjax=False,
+                       auto_play=False, default_width="100%", default_height=default_height, validate=False)
+
+
+class _PageFigure:
+    """A figure that displays as :func:`figure_html` (what ``glue_figure`` hands to myst-nb)."""
+
+    def __init__(self, fig):
+        self.fig = fig
+
+    def _repr_html_(self) -> str:
+        return figure_html(self.fig)
+
+    def __repr__(self) -> str:
+        return "<Plotly figure>"
+
+
+def _register_page_renderer() -> None:
+    """Plotly renderer ``page``: the figure as :func:`figure_html` (``text/html``)."""
+    import plotly.io as pio
+    from plotly.io._base_renderers import MimetypeRenderer
+
+    class PageRenderer(MimetypeRenderer):
+        def to_mimebundle(self, fig_dict):
+            return {"text/html": figure_html(fig_dict, default_height=525)}   # plotly's own HTML default
+
+    if "page" not in pio.renderers:
+        pio.renderers["page"] = PageRenderer()
+
+
 def configure_plotly() -> None:
     """Make Plotly figures show up both in live kernels and in the built book.
 
-    Under ipykernel plotly 6/7 emits only its own JSON mime type, which Jupyter Book 1 drops; the
-    ``notebook`` renderer adds an HTML output with plotly.js inlined, which the static page shows.
-    Colab has its own renderer, which plotly picks by itself.
+    Each figure is emitted twice, in one output: Plotly's own JSON mime type, which JupyterLab,
+    Notebook 7 and VS Code draw (plotly 6+ supports no older frontend), and an HTML fragment
+    (renderer ``page``, :func:`figure_html`) for the built book, where Jupyter Book 1 drops the JSON
+    mime type and the page's shared plotly.js draws the fragment. Colab has its own renderer, which
+    plotly picks by itself. ``PLOTLY_RENDERER`` in the environment overrides the choice.
     """
     import plotly.io as pio
 
     if in_colab():
         return
-    pio.renderers.default = os.environ.get("PLOTLY_RENDERER", "plotly_mimetype+notebook")
-    # HTML renderers auto-play a figure's frames on load; ours are slider steps, not animations.
-    for name in ("notebook", "notebook_connected"):
-        pio.renderers[name].auto_play = False
+    _register_page_renderer()
+    pio.renderers.default = os.environ.get("PLOTLY_RENDERER", "plotly_mimetype+page")
+
+
+def quiet_notebook_progress_bars() -> None:
+    """Make tqdm's notebook bars honour ``TQDM_DISABLE`` as its plain bars do.
+
+    ``tqdm.notebook`` (what ``tqdm.auto`` picks in a kernel) passes ``disable=False`` to its parent
+    itself, so the variable is ignored and a lab executed for the book (the Makefile sets it) leaves an
+    ipywidgets bar in the page, dead without a kernel. A reader's own run keeps its bars."""
+    if os.environ.get("TQDM_DISABLE", "").strip().lower() in ("", "0", "false", "no"):
+        return
+    try:
+        from tqdm import notebook
+    except ImportError:  # tqdm without ipywidgets: no notebook bars to silence
+        return
+    cls = notebook.tqdm_notebook
+    if getattr(cls, "_honours_tqdm_disable", False):
+        return
+    init = cls.__init__
+
+    def __init__(self, *args, **kwargs):
+        kwargs["disable"] = True
+        init(self, *args, **kwargs)
+
+    cls.__init__ = __init__
+    cls._honours_tqdm_disable = True
 
 
 def seed_from_env(seed: int) -> int:
@@ -178,6 +238,7 @@ def setup(seed: int = 0) -> Lab:
         except Exception:  # noqa: BLE001 - a missing manager only costs the live widgets
             pass
     configure_plotly()
+    quiet_notebook_progress_bars()
     torch.set_printoptions(precision=4, sci_mode=False)
     return Lab(seed=seed, device=device, quick=quick, on_colab=colab, triton_kernels=_kernels_run_on(device))
 

@@ -30,10 +30,11 @@ All arithmetic runs in float32 (float64 for float64 inputs), whatever the inputs
 of a long half-precision sequence is a sum of thousands of outer products and would overflow or
 lose its small terms in float16.
 
-Masked positions. In the references a position ``j > t`` contributes exactly nothing to ``o_t``, even
-when ``k`` or ``v`` hold NaN or inf there (e.g. uninitialised right padding): the scores are masked
-with ``tril`` (a selection), and the masked products multiply only the finite part of ``v``, then
-mark NaN the rows that met a non-finite value (:mod:`attnlib._numerics`) -- never 0 times NaN.
+Masked positions. On the PyTorch path a position ``j > t`` contributes exactly nothing to ``o_t``, even
+when ``k`` or ``v`` hold NaN or inf there (e.g. uninitialised right padding): the references mask the
+scores with ``tril`` (a selection), and :func:`linear_attention` hands them only the finite part of
+``v``, then marks NaN the rows (and the final state's rows) that met a non-finite value
+(:mod:`attnlib._numerics`) -- never 0 times NaN.
 The Triton kernel multiplies within a chunk, so there a non-finite value reaches the rows of its own
 chunk that precede it (not earlier chunks): pad with zeros.
 """
@@ -48,7 +49,7 @@ import torch.nn.functional as F
 
 from . import _validate
 from ._backend import KERNEL_DTYPES, choose_backend
-from ._numerics import acc_dtype, causal_matmul, split_nonfinite
+from ._numerics import acc_dtype, split_nonfinite
 
 MODES = ("parallel", "recurrent", "chunk")
 KERNEL_CHUNK_SIZES = (16, 64)      # the chunked kernels' range (powers of two)
@@ -152,7 +153,7 @@ def resolve_feature_map(feature_map, dim: int, feature_kwargs: dict | None = Non
 def linear_attention_parallel_reference(q, k, v, S0=None, *, causal: bool = True):
     """``O = (Q K^T . M) V + Q S0^T``,  ``S_T = S0 + V^T K``.  O(T^2 D): the quadratic form."""
     a = q @ k.transpose(-1, -2)                               # [B, H, T, T] scores, no softmax
-    o = causal_matmul(a, v) if causal else a @ v              # M: keep j <= t
+    o = (a.tril() if causal else a) @ v                     # M: keep j <= t
     S = v.transpose(-1, -2) @ k                               # sum_j v_j k_j^T  [B, H, Dv, D]
     if S0 is not None:
         o = o + q @ S0.transpose(-1, -2)
@@ -189,15 +190,14 @@ def linear_attention_chunk_reference(q, k, v, S0=None, *, causal: bool = True, c
     if not causal:                                            # no mask: the bracket moves freely
         S = S + v.transpose(-1, -2) @ k
         return q @ S.transpose(-1, -2), S
-    v_finite, poison = split_nonfinite(v)                     # the mask multiplies, and 0 * NaN is NaN
     outs = []
     for s in range(0, T, chunk_size):
         qc, kc, vc = q[:, :, s:s + chunk_size], k[:, :, s:s + chunk_size], v[:, :, s:s + chunk_size]
-        intra = (qc @ kc.transpose(-1, -2)).tril() @ v_finite[:, :, s:s + chunk_size]   # (Q_c K_c^T . M) V_c
+        intra = (qc @ kc.transpose(-1, -2)).tril() @ vc        # (Q_c K_c^T . M) V_c
         outs.append(intra + qc @ S.transpose(-1, -2))          # plus everything before it: Q_c S^T
         S = S + vc.transpose(-1, -2) @ kc                      # write the chunk into the state
     o = torch.cat(outs, dim=2) if outs else q.new_zeros(B, H, 0, v.shape[-1])
-    return o + poison, S                                      # NaN where a row met a non-finite value
+    return o, S
 
 
 _REFERENCES = {"parallel": linear_attention_parallel_reference, "recurrent": linear_attention_recurrent_reference,
@@ -351,8 +351,14 @@ def linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
         if identity_to_kernel:                                 # "auto" chose the reference after all
             qf, kf, Dphi = _map(q, k, scale, phi)
         acc = acc_dtype(q.dtype)
-        o, S = _REFERENCES[mode](qf, kf, _augment(v.to(acc), normalize), initial_state,
+        v_in, poison = _augment(v.to(acc), normalize), None
+        if causal:              # the chunk mask multiplies, and 0 * NaN is NaN: the references get finite v
+            v_in, poison = split_nonfinite(v_in)
+        o, S = _REFERENCES[mode](qf, kf, v_in, initial_state,
                                  causal=causal, **({"chunk_size": chunk_size} if mode == "chunk" else {}))
+        if poison is not None and poison.shape[-2]:
+            o = o + poison                                     # NaN where a row met a non-finite value
+            S = S + poison[..., -1, :, None]                   # and the final state: what the last row met
     if normalize:                            # (the kernel wrote o in float32: see out_dtype above)
         o = _split_normaliser(o.to(acc_dtype(q.dtype)), normalize)
     o = o.to(q.dtype)

@@ -1,14 +1,24 @@
-"""Load every page of the built book in headless Chromium and check that its figures render.
+r"""Load every page of the built book in headless Chromium and check what a reader sees.
 
     python scripts/browser_check.py _build/html [--screenshots DIR]
+    python scripts/browser_check.py --install-browser    # find a Chromium, or install one
 
-Serves the HTML on 127.0.0.1, opens each chapter/lab page from the table of contents in Debian's
-chromium (through Playwright, with the system browser: no browser download), and fails if
+Serves the HTML on 127.0.0.1, opens each chapter/lab page from the table of contents in a Chromium
+found on this machine (``chromium``, ``chromium-browser``, ``google-chrome`` on PATH, or Playwright's
+own), and fails a page if
 
-* a page that should hold Plotly figures (a lab notebook, or any page whose HTML embeds a
-  Plotly figure) shows no rendered ``.js-plotly-plot`` with drawn content, or fewer than embedded;
+* it should hold Plotly figures (a lab notebook, or any page whose HTML embeds a Plotly figure) and
+  shows no rendered ``.js-plotly-plot`` with drawn content, or fewer than it embeds;
 * a figure with a slider does not change when its slider is moved;
-* the page raises a JavaScript error (``pageerror``), except the known harmless ones below.
+* it raises a JavaScript error (``pageerror``), a request to the site fails, or it loads anything
+  from outside the site (the site is self-contained: plotly.js and MathJax are served from _static/);
+* MathJax left raw TeX in the text (``\frac``, ``$$``, ``\(`` ... outside rendered math and code)
+  or could not typeset an equation (an error, or an undefined macro);
+* it holds an ipywidgets output or widget state (a dead widget without a kernel);
+* it weighs more than ``MAX_PAGE_BYTES``: its HTML plus what it loads from the site beyond the
+  scripts and styles all pages share (``SHARED_PREFIXES``);
+* it is a chapter page in ``MECHANISM_MAP_PAGES`` and holds no figure whose ``layout.meta`` has the
+  key ``mechanism_map`` (the chapter's mechanism map, ``fig.update_layout(meta={"mechanism_map": ...})``).
 
 Exit code 0 only when every page passes; prints one line per page.
 """
@@ -19,17 +29,31 @@ import argparse
 import contextlib
 import functools
 import http.server
+import os
 import re
+import shutil
+import subprocess
 import sys
 import threading
 from pathlib import Path
+from urllib.parse import urlparse
 
-# Errors that come from the offline sandbox or from Jupyter Book's own templates, not our pages.
-IGNORED_PAGE_ERRORS = (
-    "THEBE_JS_URL",          # sphinx-thebe's script included twice by the default theme
-    "require is not defined",  # ipywidgets' manager loads require.js from a CDN (unreachable offline)
+# Chapter pages that must show their mechanism's map (a Plotly figure with layout.meta.mechanism_map).
+MECHANISM_MAP_PAGES = (
+    "book/01_softmax_is_eot.html",
+    "book/02_needle.html",
+    "book/03_linear_attention.html",
+    "book/04_deltanet.html",
+    "book/05_anna.html",
+    "book/06_grassmann.html",
 )
-CHROMIUM = "/usr/bin/chromium"
+MAX_PAGE_BYTES = 1_500_000
+# loaded by every page and cached by the browser: not counted in a page's weight
+SHARED_PREFIXES = ("_static/", "_sphinx_design_static/", "searchindex.js")
+# a TeX control word (\frac, \sum), display or inline delimiters, or a sub/superscript group
+RAW_TEX = re.compile(r"\\[A-Za-z]{2,}|\$\$|\\[()\[\]]|[_^]\{")
+BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable", "chrome")
+INSTALL_HINT = f"{sys.executable} -m playwright install --with-deps chromium"
 
 
 @contextlib.contextmanager
@@ -62,6 +86,56 @@ def expected_figures(html: str) -> int:
     return len(re.findall(r'Plotly\.newPlot\(\s*"', html))
 
 
+def dead_widgets(html: str) -> int:
+    """ipywidgets outputs (views) and saved widget state in the page: without a kernel they do nothing."""
+    return len(re.findall(r'application/vnd\.jupyter\.widget-(?:view|state)\+json', html))
+
+
+def _runs(exe: str) -> bool:
+    """Whether ``exe --version`` works (Ubuntu's chromium-browser can be a stub that asks for a snap)."""
+    try:
+        return subprocess.run([exe, "--version"], capture_output=True, timeout=30).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def find_browser() -> str | None:
+    """A Chromium to drive: ``$CHROMIUM``, else the first working browser on PATH, else Playwright's
+    own (``playwright install chromium``). None when there is none."""
+    for exe in (os.environ.get("CHROMIUM"), *(shutil.which(b) for b in BROWSERS)):
+        if exe and _runs(exe):
+            return exe
+    try:
+        from playwright.sync_api import sync_playwright
+        with sync_playwright() as p:
+            exe = p.chromium.executable_path
+    except Exception:  # noqa: BLE001 - no playwright driver: no managed browser either
+        return None
+    return exe if exe and Path(exe).exists() else None
+
+
+def install_browser() -> int:
+    """Find a Chromium, or install one: the system package where we may (root with apt-get), else
+    Playwright's installer. Prints the browser, or one line naming the command that installs it."""
+    exe = find_browser()
+    if exe is None and os.geteuid() == 0 and shutil.which("apt-get"):
+        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+        print("browser check: no Chromium found; installing the system package (apt-get install chromium)")
+        subprocess.run(["apt-get", "update", "-qq"], env=env, check=False)
+        subprocess.run(["apt-get", "install", "-y", "-qq", "chromium"], env=env, stdout=subprocess.DEVNULL,
+                       check=False)
+        exe = find_browser()
+    if exe is None:
+        print("browser check: no Chromium found; installing Playwright's (playwright install chromium)")
+        subprocess.run([sys.executable, "-m", "playwright", "install", "chromium"], check=False)
+        exe = find_browser()
+    if exe is None:
+        print(f"browser check: no Chromium found and none could be installed; run: {INSTALL_HINT}", file=sys.stderr)
+        return 1
+    print(f"browser check: using {exe}")
+    return 0
+
+
 SLIDER_PROBE = """
 async () => {
   const plots = Array.from(document.querySelectorAll('.js-plotly-plot'));
@@ -87,35 +161,101 @@ async () => {
 }
 """
 
+# After MathJax's first typeset: text left in the article outside rendered math, code and figures,
+# and the number of equations MathJax rendered as errors.
+MATH_PROBE = """
+async () => {
+  const hasMath = document.querySelector('.math') !== null;
+  const mj = window.MathJax;
+  if (mj && mj.startup && mj.startup.promise) { await mj.startup.promise; }
+  const loaded = !!(mj && mj.startup && mj.startup.document);
+  const root = document.querySelector('article') || document.querySelector('main') || document.body;
+  const skip = 'mjx-container, pre, code, script, style, .highlight, .cell_input, .js-plotly-plot, '
+             + '.output.text_plain, .output.stream, .output.traceback, .sidebar-toggle';
+  const texts = [];
+  const walker = document.createTreeWalker(root, NodeFilter.SHOW_TEXT);
+  for (let n = walker.nextNode(); n; n = walker.nextNode()) {
+    const el = n.parentElement;
+    if (el && !el.closest(skip) && n.textContent.trim()) texts.push(n.textContent);
+  }
+  // equations MathJax could not typeset: an error node, or an undefined macro (shown in red)
+  const errors = [];
+  if (loaded && mj.startup.toMML) {
+    for (const item of mj.startup.document.math) {
+      try {
+        if (/<merror|mathcolor="red"/.test(mj.startup.toMML(item.root))) errors.push(item.math.trim());
+      } catch (e) { errors.push(item.math.trim()); }
+    }
+  }
+  return {hasMath, loaded, text: texts.join(' '), errors};
+}
+"""
 
-def check(root: Path, screenshots: Path | None) -> int:
+MAP_PROBE = """
+() => Array.from(document.querySelectorAll('.js-plotly-plot'))
+  .map(gd => gd.layout && gd.layout.meta && gd.layout.meta.mechanism_map)
+  .filter(m => m !== undefined && m !== null && m !== '')
+  .map(String)
+"""
+
+
+def _shared(path: str) -> bool:
+    return path.startswith(SHARED_PREFIXES)
+
+
+def check(root: Path, screenshots: Path | None, browser_exe: str | None, only: str = "") -> int:
     from playwright.sync_api import sync_playwright
 
     failures = 0
     with serve(root) as base, sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=[
+        browser = p.chromium.launch(executable_path=browser_exe, args=[
             # Software WebGL (SwiftShader): 3-D Plotly scenes draw on WebGL, as in a reader's browser.
             "--no-sandbox", "--use-angle=swiftshader", "--enable-unsafe-swiftshader",
             "--disable-quic", "--no-first-run",
             "--disable-background-networking", "--disable-component-update", "--disable-sync"])
+        host = urlparse(base).netloc
         for path in pages(root):
             rel = path.relative_to(root).as_posix()
+            if only not in rel:
+                continue
             html = path.read_text(encoding="utf-8")
             want = expected_figures(html)
             must_have = rel.startswith("notebooks/") or want > 0
             page = browser.new_page(viewport={"width": 1280, "height": 900})
             errors: list[str] = []
+            own: set[str] = set()          # what the page loads from the site beyond the shared assets
+            outside: set[str] = set()      # hosts it loads from other than the site
+            failed: set[str] = set()       # site requests that failed (404 ...)
             page.on("pageerror", lambda e, errors=errors: errors.append(str(e)))
+
+            def on_response(r, own=own, outside=outside, failed=failed, rel=rel):
+                u = urlparse(r.url)
+                if u.scheme not in ("http", "https"):
+                    return
+                if u.netloc != host:
+                    outside.add(u.netloc)
+                    return
+                local = u.path.lstrip("/")
+                if r.status >= 400:
+                    failed.add(local)
+                elif local != rel and not _shared(local):
+                    own.add(local)
+
+            page.on("response", on_response)
+            page.on("requestfailed", lambda r, outside=outside: urlparse(r.url).netloc != host
+                    and outside.add(urlparse(r.url).netloc))
             page.goto(f"{base}/{rel}", wait_until="load")
             if must_have:
                 with contextlib.suppress(Exception):
                     page.wait_for_selector(".js-plotly-plot .main-svg", timeout=20_000)
-            page.wait_for_timeout(500)
+            math = page.evaluate(MATH_PROBE)
+            page.wait_for_timeout(300)
             drawn = page.evaluate(
                 "() => Array.from(document.querySelectorAll('.js-plotly-plot'))"
                 ".filter(gd => gd.querySelector('.main-svg') && gd._fullData && gd._fullData.length).length")
+            maps = page.evaluate(MAP_PROBE) if drawn else []
             sliders_moved = page.evaluate(SLIDER_PROBE) if drawn else []
-            bad_errors = [e for e in errors if not any(s in e for s in IGNORED_PAGE_ERRORS)]
+            weight = path.stat().st_size + sum((root / f).stat().st_size for f in own if (root / f).is_file())
             problems = []
             if must_have and drawn == 0:
                 problems.append("no Plotly figure rendered")
@@ -123,15 +263,36 @@ def check(root: Path, screenshots: Path | None) -> int:
                 problems.append(f"{drawn} of {want} embedded figures rendered")
             if not all(sliders_moved):
                 problems.append(f"{sliders_moved.count(False)} slider(s) did not change their figure")
-            if bad_errors:
-                problems.append("page errors: " + " | ".join(bad_errors[:3]))
+            if errors:
+                shown = " | ".join(e.splitlines()[0][:160] for e in errors[:3])
+                problems.append(f"{len(errors)} page error(s): {shown}")
+            if failed:
+                problems.append("missing from the site: " + ", ".join(sorted(failed)[:3]))
+            if outside:
+                problems.append("loads from outside the site: " + ", ".join(sorted(outside)))
+            if math["hasMath"] and not math["loaded"]:
+                problems.append("MathJax did not load")
+            raw = sorted({m.group(0) for m in RAW_TEX.finditer(math["text"])})
+            if raw:
+                problems.append("raw TeX left on the page: " + " ".join(raw[:6]))
+            if math["errors"]:
+                problems.append(f"{len(math['errors'])} equation(s) MathJax could not typeset: "
+                                + " | ".join(e[:60] for e in math["errors"][:3]))
+            if dead_widgets(html):
+                problems.append(f"{dead_widgets(html)} ipywidgets output(s)/state, dead without a kernel")
+            if weight > MAX_PAGE_BYTES:
+                problems.append(f"page weighs {weight / 1e6:.1f} MB (HTML and its own assets; at most "
+                                f"{MAX_PAGE_BYTES / 1e6:.1f} MB)")
+            if rel in MECHANISM_MAP_PAGES and not maps:
+                problems.append("no mechanism map (a figure with layout.meta.mechanism_map)")
             if screenshots:
                 screenshots.mkdir(parents=True, exist_ok=True)
                 page.screenshot(path=str(screenshots / (rel.replace("/", "_") + ".png")), full_page=False)
             status = "FAIL" if problems else "ok"
             failures += bool(problems)
-            print(f"{status:4}  {rel}: {drawn} figure(s) rendered, {len(sliders_moved)} slider(s) moved"
-                  + ("" if not problems else "  -- " + "; ".join(problems)))
+            print(f"{status:4}  {rel}: {drawn} figure(s) rendered, {len(sliders_moved)} slider(s) moved, "
+                  f"{weight / 1e6:.2f} MB" + (f", map: {', '.join(maps)}" if maps else "")
+                  + ("" if not problems else "  -- " + "; ".join(problems)), flush=True)
             page.close()
         browser.close()
     return failures
@@ -141,15 +302,25 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("root", type=Path, nargs="?", default=Path("_build/html"))
     ap.add_argument("--screenshots", type=Path, default=None)
+    ap.add_argument("--only", default="", help="check only the pages whose path contains this text")
+    ap.add_argument("--install-browser", action="store_true",
+                    help="find a Chromium, installing one when missing, and exit")
     args = ap.parse_args()
+    if args.install_browser:
+        return install_browser()
     if not (args.root / "index.html").exists():
         print(f"no built book at {args.root} (run `make book` first)", file=sys.stderr)
         return 2
     if not pages(args.root):
         print(f"no chapter pages under {args.root}", file=sys.stderr)
         return 2
-    failures = check(args.root, args.screenshots)
-    print(f"browser check: {len(pages(args.root)) - failures} passed, {failures} failed")
+    exe = find_browser()
+    if exe is None:
+        print(f"browser check: no Chromium found; run: {INSTALL_HINT}", file=sys.stderr)
+        return 2
+    failures = check(args.root, args.screenshots, exe, args.only)
+    checked = sum(args.only in p.relative_to(args.root).as_posix() for p in pages(args.root))
+    print(f"browser check: {checked - failures} passed, {failures} failed")
     return 1 if failures else 0
 
 

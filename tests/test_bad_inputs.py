@@ -332,20 +332,6 @@ def test_masked_matmul_ignores_whatever_lies_outside_the_mask(m, n, kk, seed):
     assert torch.allclose(got, want, atol=1e-12)
 
 
-@settings(max_examples=40, deadline=None)
-@given(n=st.integers(1, 9), kk=st.integers(1, 4), seed=st.integers(0, 10_000))
-def test_causal_matmul_ignores_whatever_lies_above_the_diagonal(n, kk, seed):
-    g = torch.Generator().manual_seed(seed)
-    a, b = torch.randn(n, n, generator=g, dtype=F64), torch.randn(n, kk, generator=g, dtype=F64)
-    upper = ~torch.ones(n, n, dtype=torch.bool).tril()
-    a_bad = a.masked_fill(upper, float("nan"))
-    b_bad = b.clone()
-    b_bad[-1] = float("inf")                                         # only the last row sees it
-    got = _numerics.causal_matmul(a_bad, b_bad)
-    assert torch.allclose(got[:-1], a.tril()[:-1] @ b, atol=1e-12)
-    assert torch.isnan(got[-1]).all()
-
-
 def test_masked_matmul_gives_nan_where_a_row_sees_a_non_finite_value():
     a, keep = torch.ones(2, 2, dtype=F64), torch.tensor([[True, False], [True, True]])
     b = torch.tensor([[1.0], [float("inf")]], dtype=F64)

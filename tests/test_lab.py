@@ -20,10 +20,32 @@ def test_setup_seeds_and_picks_quick_mode_on_cpu(monkeypatch):
 
 
 def test_setup_uses_a_renderer_that_emits_html_for_the_book(monkeypatch):
+    """Figures reach the page as HTML drawn by the page's shared plotly.js (no plotly.js, no second
+    MathJax inlined), and reach JupyterLab/Notebook 7 as plotly's own JSON mime type."""
+    import plotly.graph_objects as go
+
     monkeypatch.delenv("PLOTLY_RENDERER", raising=False)
     setup(seed=0)
-    assert "notebook" in pio.renderers.default
-    assert pio.renderers["notebook"].auto_play is False   # frames are slider steps, not a movie
+    assert pio.renderers.default == "plotly_mimetype+page"
+    fig = go.Figure(go.Scatter(y=[1, 2]), frames=[go.Frame(data=[go.Scatter(y=[2, 1])])])
+    bundle = pio.renderers._build_mime_bundle(fig.to_dict())   # what fig.show() displays
+    assert set(bundle) >= {"application/vnd.plotly.v1+json", "text/html"}
+    html = bundle["text/html"]
+    assert "Plotly.newPlot(" in html and len(html) < 20_000                # the figure, not plotly.js
+    assert "MathJax" not in html and "<script src" not in html
+    assert "Plotly.animate" not in html                                      # frames are slider steps
+
+
+def test_glued_figures_carry_no_plotly_js(monkeypatch):
+    import plotly.graph_objects as go
+    from IPython.core.formatters import format_display_data
+
+    from attnlib.lab import _PageFigure
+
+    data, _ = format_display_data(_PageFigure(go.Figure(go.Scatter(y=[1, 2]))))
+    html = data["text/html"]
+    assert "Plotly.newPlot(" in html and len(html) < 20_000
+    assert "MathJax" not in html and "<script src" not in html
 
 
 def test_the_seed_comes_from_ATTNBOOK_SEED_when_set(monkeypatch):
@@ -47,7 +69,7 @@ def test_derived_seeds_are_distinct_across_offsets_and_lab_seeds(monkeypatch):
 
 
 def test_notebooks_executed_by_make_show_no_progress_bars():
-    """The Makefile runs notebooks (nbval, the book build) with TQDM_DISABLE=1, which the installed
+    """The Makefile runs notebooks (the labs run, the book build) with TQDM_DISABLE=1, which the installed
     tqdm honours: the built pages carry no "100% 8/8" bars, while a reader's own run keeps them."""
     import os
     import re
@@ -57,7 +79,7 @@ def test_notebooks_executed_by_make_show_no_progress_bars():
 
     make = Path(__file__).resolve().parents[1].joinpath("Makefile").read_text()
     assert re.search(r"^NB_ENV\s*:=.*\bTQDM_DISABLE=1\b", make, re.M)
-    for command in ("jupyter-book build", "pytest --nbval-lax"):
+    for command in ("jupyter-book build", "scripts/execute_labs.py", "--nbval-lax"):
         lines = [ln for ln in make.splitlines() if command in ln]
         assert lines and all("$(NB_ENV)" in ln for ln in lines), command
     check = "from tqdm.auto import tqdm; import sys; sys.exit(0 if tqdm(range(2), file=sys.stdout).disable else 1)"
@@ -65,6 +87,15 @@ def test_notebooks_executed_by_make_show_no_progress_bars():
     assert subprocess.run([sys.executable, "-c", check], env={**env, "TQDM_DISABLE": "1"},
                           capture_output=True).returncode == 0
     assert subprocess.run([sys.executable, "-c", check], env=env, capture_output=True).returncode == 1
+
+
+def test_notebook_progress_bars_honour_TQDM_DISABLE(monkeypatch):
+    """tqdm.notebook ignores TQDM_DISABLE by itself; after setup() it does not (no widget in the page)."""
+    from tqdm.notebook import tqdm as notebook_tqdm
+
+    monkeypatch.setenv("TQDM_DISABLE", "1")
+    setup(seed=0)
+    assert notebook_tqdm(range(2)).disable
 
 
 def test_check_prints_the_claim_and_its_numbers_when_it_holds(capsys):

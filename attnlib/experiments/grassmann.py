@@ -33,6 +33,7 @@ import torch.nn.functional as F
 
 from ..attention import softmax_attention
 from ..grassmann import CausalGrassmannMixing, plucker_features, valid_counts
+from ._training import warmup_cosine
 from .linear import count_flops
 
 CORPUS_FILES = tuple(f + ".py" for f in sorted(
@@ -275,9 +276,7 @@ def train_lm(kind: str, norm: str, cfg: LMConfig, train: torch.Tensor, val: torc
     model = build(kind, norm, cfg).to(device)
     gen = torch.Generator().manual_seed(seed + 1)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.01)
-    warm = max(1, cfg.steps // 10)
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min(1.0, (s + 1) / warm) * 0.5 * (1 + math.cos(math.pi * min(s, cfg.steps) / cfg.steps)))
+    sched = warmup_cosine(opt, cfg.steps, warmup=max(1, cfg.steps // 10))
     loss = torch.tensor(float("nan"))
     for _ in range(cfg.steps):
         x, y = random_windows(train, cfg.batch, cfg.seq_len, gen)

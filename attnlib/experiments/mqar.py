@@ -20,7 +20,6 @@ value's position learns the key it belongs to.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
@@ -28,6 +27,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .. import _validate
+from ._training import warmup_cosine
 
 MIXERS = ("softmax", "linear", "deltanet", "gated_deltanet")
 IGNORE = -100
@@ -177,8 +177,7 @@ def train_recall(mixer: str, n_pairs: int, *, steps: int = 200, batch: int = 32,
     gen = torch.Generator().manual_seed(seed + 1)
     model = RecallModel(n_keys + n_values, d_model, n_layers, n_heads, mixer, chunk_size).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min(1.0, (s + 1) / 20) * 0.5 * (1 + math.cos(math.pi * min(s, steps) / steps)))
+    sched = warmup_cosine(opt, steps, warmup=20)
     loss = torch.tensor(float("nan"))
     for _ in range(steps):
         x, y = mqar_batch(batch, n_pairs, n_keys=n_keys, n_values=n_values, generator=gen, device=device)
