@@ -195,7 +195,7 @@ def plane_mixing_figure(terms: dict, t: int, plan, paired, *, active: int = 0) -
     smax = 1.05 * max(float(np.abs(shares).max()), float(np.abs(signal).max()))
     layout_axes = dict(
         scene=dict(xaxis=dict(title="y₀", **span), yaxis=dict(title="y₁", **span), zaxis=dict(title="y₂", **span),
-                   aspectmode="cube"),
+                   aspectmode="cube", camera=dict(eye=dict(x=1.5, y=1.5, z=1.0))),
         xaxis=dict(title_text="Plücker coordinate (i, j)"), yaxis=dict(range=[-1.05, 1.05], title_text="ω̂ᵢⱼ"),
         xaxis2=dict(title_text="output channel"), yaxis2=dict(range=[-smax, smax], title_text="signal ξ_t"),
         xaxis3=dict(range=[-0.5, L - 0.5], title_text="key position s"),
