@@ -154,7 +154,8 @@ def gate_weights_figure(plan, weights, alphas, *, beta: float, active: int = 0) 
     ``plan``: ``[T, T]`` softmax attention weights on the same queries and keys (fixed); ``weights[i]``:
     the ``[T, T]`` implied weights (:func:`attnlib.deltanet.implied_weights`) at the constant decay
     ``alphas[i]`` (``g = log alpha``; ``alpha = 1`` is DeltaNet). Each panel has its own colour scale:
-    the plan's runs from 0 to its largest weight, the gated weights' is diverging, centred on 0 and the
+    the plan's runs from 0 to its largest weight after the first row (a causal first row is a single
+    weight 1, shown in the end colour), the gated weights' is diverging, centred on 0 and the
     same for every step (so the steps compare). Each frame sets both panels' axes and reports the
     weights' row sums and smallest entry in the title.
     """
@@ -181,14 +182,17 @@ def gate_weights_figure(plan, weights, alphas, *, beta: float, active: int = 0) 
                 xaxis2=dict(range=[-0.5, T - 0.5], title_text="value position j"),
                 yaxis=dict(range=[T - 0.5, -0.5], title_text="query position t"),
                 yaxis2=dict(range=[T - 0.5, -0.5], title_text="query position t"))
-    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.16,
-                        subplot_titles=("softmax attention: the plan (rows sum to 1)",
-                                        "Gated DeltaNet: implied weights (signed)"))
-    fig.add_trace(go.Heatmap(z=plan.astype(np.float32), x=pos, y=pos, zmin=0.0, zmax=float(plan.max()),
-                             colorscale="Blues", colorbar=dict(title="weight", x=0.42, len=0.8),
+    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.2,
+                        subplot_titles=("softmax: the plan", "Gated DeltaNet: the weights"))
+    # The first causal row has one key and weight 1; scaled to the other rows, the plan keeps its contrast.
+    plan_top = float(plan[1:].max()) if T > 1 else float(plan.max())
+    fig.add_trace(go.Heatmap(z=plan.astype(np.float32), x=pos, y=pos, zmin=0.0, zmax=plan_top,
+                             colorscale="Blues",
+                             colorbar=dict(title="weight", x=fig.layout.xaxis.domain[1] + 0.01, len=0.8, thickness=10),
                              hovertemplate="query %{y} → value %{x}: %{z:.3f}<extra>softmax</extra>"), row=1, col=1)
     fig.add_trace(go.Heatmap(z=mats[active].astype(np.float32), x=pos, y=pos, zmin=-wmax, zmax=wmax, zmid=0.0,
-                             colorscale="RdBu_r", colorbar=dict(title="weight", x=1.0, len=0.8),
+                             colorscale="RdBu_r",
+                             colorbar=dict(title="weight", x=fig.layout.xaxis2.domain[1] + 0.01, len=0.8, thickness=10),
                              hovertemplate="query %{y} → value %{x}: %{z:.3f}<extra>gated delta</extra>"),
                   row=1, col=2)
     frames = [go.Frame(data=[go.Heatmap(z=W.astype(np.float32))], traces=[1], name=f"alpha{i}",
