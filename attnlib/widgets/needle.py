@@ -194,7 +194,7 @@ def needle_maps_figure(algos: Sequence, *, M: float = 80.0, active: int = 0) -> 
     colour scale, since both are probability rows. Right, where row ``i``'s unit of mass goes: onto
     the needle's key ``j`` or onto the other keys, exact against the algorithm's.
 
-    Keep ``T`` small (e.g. 64): every step stores two ``T x T`` maps.
+    Keep ``T`` small (the lab takes 56): every step stores two ``T x T`` float32 maps.
     """
     algos = list(algos)
     if not algos:
