@@ -414,3 +414,26 @@ def huber_delta_rule_recurrent(q, k, v, beta, *, delta: float, scale: float, ini
         o.append((S @ (scale * q[:, :, t]).unsqueeze(-1)).squeeze(-1))
     o = torch.stack(o, dim=2) if T else q.new_zeros(B, H, 0, v.shape[-1])
     return (o, S) if return_state else o
+
+
+def implied_weights(q, k, beta, g=None) -> torch.Tensor:
+    """The ``[T, T]`` weights the (gated) delta rule puts on the values, for one head: the matrix ``W``
+    with ``o = W v`` for every ``v``. Computed by the definition, :func:`delta_rule_recurrent_reference`
+    applied to ``v = I_T`` (``scale = 1``): row ``t`` holds the coefficients of ``o_t = S_t q_t = sum_j
+    w_tj v_j``. In closed form ``W = (QK^T . Gamma . M)(I + diag(beta)(KK^T . Gamma . M^-))^{-1} diag(beta)``
+    with ``Gamma_tj = prod_{j < r <= t} alpha_r`` (all ones without a gate).
+
+    ``q, k: [T, D]``; ``beta``: a number or ``[T]``; ``g``: the log-decay ``log alpha``, a number or
+    ``[T]``, or None for plain DeltaNet. Returns float64. The weights are signed and their rows need not
+    sum to one: not a transport plan (chapter 4).
+    """
+    q = torch.as_tensor(q, dtype=torch.float64)
+    k = torch.as_tensor(k, dtype=torch.float64)
+    if q.dim() != 2 or k.shape != q.shape:
+        raise ValueError(f"q and k must both be [T, D] (one head); got {tuple(q.shape)} and {tuple(k.shape)}")
+    T = q.shape[0]
+    b = torch.as_tensor(beta, dtype=torch.float64).expand(T)[None, None]
+    gg = None if g is None else torch.as_tensor(g, dtype=torch.float64).expand(T)[None, None]
+    eye = torch.eye(T, dtype=torch.float64)[None, None]
+    o, _ = delta_rule_recurrent_reference(q[None, None], k[None, None], eye, b, gg, scale=1.0)
+    return o[0, 0]

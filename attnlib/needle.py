@@ -183,11 +183,18 @@ def uniform_miss_error(T: int, n_seen: int, M: float) -> float:
     return 2.0 - 2.0 * (1.0 - needle_mass(T, M)) * n_seen / (T - 1)
 
 
+def algorithm_rows(algo, case: Case) -> torch.Tensor:
+    """The algorithm's answer on a case, ``[T, T]`` float64: its output with the case's one-hot values,
+    so row ``t`` is the distribution it puts on the keys for query ``t`` (the counterpart of
+    :func:`exact_rows`)."""
+    return algo.attend(case.q, case.k, case.v)[0, 0].double()
+
+
 def row_error(algo, case: Case) -> float:
     """``|| exact row i - algorithm's row i ||_1`` (float64). With one-hot values the rows are the
     attention distributions themselves."""
     exact = exact_rows(case)[case.i]
-    got = algo.attend(case.q, case.k, case.v)[0, 0, case.i].double()
+    got = algorithm_rows(algo, case)[case.i]
     if not torch.isfinite(got).all():
         raise FloatingPointError(f"{algo.name} returned a non-finite row at M={case.M}")
     return float((exact - got).abs().sum())
@@ -694,6 +701,6 @@ def output_error(algo: Algorithm, q, k, v) -> float:
 
 
 __all__ = ["ALGORITHMS", "Algorithm", "Case", "IndexerTopK", "LSHBuckets", "Linformer", "NormScreen",
-           "Performer", "RandomKeys", "SlidingWindow", "Strided", "attack", "bounded_case",
+           "Performer", "RandomKeys", "SlidingWindow", "Strided", "algorithm_rows", "attack", "bounded_case",
            "exact_rows", "make", "needle_mass", "output_error", "plant", "row_error",
            "uniform_miss_error"]

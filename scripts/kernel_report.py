@@ -1171,6 +1171,30 @@ def print_spill_tables(tables: dict, out=sys.stdout) -> None:
         print(f"{name.rsplit('.', 1)[1]} = {{{body}}}", file=out)
 
 
+def inputs_fingerprint() -> str:
+    """A hash of everything the default report is a function of: the library's ops and kernels
+    (attnlib's source, less the figures, experiments and lab helpers, which launch nothing), this script
+    and ``kernel_resources.py``, and the torch, triton (whose ptxas compiles), fla and Python versions.
+    Two runs with the same fingerprint make the same report, less its date and time:
+    ``tests/test_kernel_report.py`` reuses the committed report when the fingerprint matches instead of
+    compiling every specialisation again, and ``tests/test_kernel_registers.py`` its committed compile
+    counts likewise."""
+    import importlib.metadata
+    h = hashlib.sha256()
+    skip = ("widgets", "experiments")
+    files = sorted(f for f in (ROOT / "attnlib").rglob("*.py")
+                   if not set(f.relative_to(ROOT / "attnlib").parts[:1]) & set(skip) and f.name != "lab.py")
+    for f in [*files, Path(__file__).resolve(), ROOT / "scripts" / "kernel_resources.py"]:
+        h.update(f.relative_to(ROOT).as_posix().encode() + b"\0" + f.read_bytes() + b"\0")
+    for pkg in ("torch", "triton", "fla-core"):
+        try:
+            h.update(f"{pkg}={importlib.metadata.version(pkg)}\0".encode())
+        except importlib.metadata.PackageNotFoundError:
+            h.update(f"{pkg}=-\0".encode())
+    h.update(f"python={sys.version_info[0]}.{sys.version_info[1]}".encode())
+    return h.hexdigest()
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--ops", default=",".join(OPS), help=f"comma-separated, from {','.join(OPS)}")
@@ -1182,6 +1206,7 @@ def main(argv=None) -> int:
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="parallel worker processes")
     ap.add_argument("--no-save", action="store_true", help=f"do not write {RESULT.relative_to(ROOT)}")
     ap.add_argument("--json-out", help="write the report to this file (as well)")
+    ap.add_argument("--fingerprint", action="store_true", help="print the inputs' fingerprint and exit")
     ap.add_argument("--spill-tables", action="store_true",
                     help="compile every autotuning candidate of attnlib's kernels (every op and variant, D "
                          "64/128/256, sm_80/89/90, on sm_90 both load paths) and print the SPILLS tables "
@@ -1193,6 +1218,9 @@ def main(argv=None) -> int:
     ap.add_argument("--worker-out", help=argparse.SUPPRESS)
     ap.add_argument("--spec-file", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
+    if a.fingerprint:
+        print(inputs_fingerprint())
+        return 0
     ops = [o for o in a.ops.split(",") if o]
     shapes = [parse_shape(s) for s in a.shapes.split(",") if s]
     targets = [t for t in a.targets.split(",") if t]
@@ -1232,6 +1260,10 @@ def main(argv=None) -> int:
               "triton": triton.__version__, "torch": torch.__version__, "fla": fla,
               "date": datetime.date.today().isoformat(), "seconds": round(time.time() - t0, 1),
               **build_report(data, ops, shapes, targets)}
+    everything = (ops == list(OPS) and shapes == list(SHAPES) and targets == list(TARGETS) and fla
+                  and fla_targets is None and not a.no_compile)
+    if everything:                   # the default, complete report: reusable while its inputs are unchanged
+        report["inputs_sha256"] = inputs_fingerprint()
     print_report(report)
     text = dumps(report)
     if a.json_out:

@@ -137,17 +137,17 @@ def test_normalised_linear_attention_weights_are_a_plan_only_with_positive_featu
 
 
 def test_delta_rule_implied_weights_match_su_and_turn_negative_on_non_negative_input():
-    from attnlib.experiments.weights import delta_rule_weights
+    from attnlib.deltanet import implied_weights
     g = torch.Generator().manual_seed(1)
     T = 10
     q = torch.nn.functional.normalize(torch.rand(T, 5, generator=g, dtype=torch.float64), dim=-1)
     k = torch.nn.functional.normalize(torch.rand(T, 5, generator=g, dtype=torch.float64), dim=-1)
-    W = delta_rule_weights(q, k, 1.0).numpy()
+    W = implied_weights(q, k, 1.0).numpy()
     su = (q @ k.T).tril() @ torch.linalg.inv(torch.eye(T, dtype=torch.float64) + (k @ k.T).tril(-1))
     assert np.allclose(W, su.numpy(), atol=1e-12)
     assert (q @ k.T).min() >= 0 and W.min() < 0                          # not a plan
     with pytest.raises(ValueError, match="both be \\[T, D\\]"):
-        delta_rule_weights(q, k[:5], 1.0)
+        implied_weights(q, k[:5], 1.0)
 
 
 def test_lab_glue_is_silent_in_the_notebook(capsys):
@@ -299,8 +299,9 @@ def test_crossover_figure_x_range_covers_every_head_dim():
 
 def _figure_builders():
     from attnlib import needle
+    from attnlib.deltanet import implied_weights
     from attnlib.experiments.kernels import Launch
-    from attnlib.experiments.weights import delta_rule_weights, softmax_weights
+    from attnlib.experiments.weights import softmax_weights
     from attnlib.grassmann import CausalGrassmannMixing
     from attnlib.widgets import anna as wa
     from attnlib.widgets import deltanet as wdn
@@ -324,7 +325,7 @@ def _figure_builders():
         "transport_plan": lambda: widgets.transport_plan_figure(torch.randn(5, 7, generator=g), [0.1, 1.0, 10.0]),
         "attention_map": lambda: widgets.attention_map_figure(q, k, [0.5, 2.0]),
         "weights_comparison": lambda: widgets.weights_comparison_figure(
-            [{"softmax (the plan)": W, "delta rule, implied weights": delta_rule_weights(q, k, b).numpy()}
+            [{"softmax (the plan)": W, "delta rule, implied weights": implied_weights(q, k, b).numpy()}
              for b in (0.5, 1.0)], ["0.5", "1"],
             prefix="β = ", title="weights"),
         "probe_map": lambda: nw.probe_map_figure(algos),
@@ -344,11 +345,29 @@ def _figure_builders():
         "conditions": lambda: wa.conditions_heatmap([1, 2], [3, 4], [[.1, .2], [.3, .4]], title="conditions"),
         "reproduction": lambda: wa.reproduction_figure(summary, [1, 4], [2, 4], title="distilled"),
         "planes": lambda: wg.planes_figure([(np.array([1., 0, 0]), np.array([0, 2., 1]))]),
+        "needle_maps": lambda: nw.needle_maps_figure(algos[:3], M=40.0),
+        "gate_weights": lambda: wdn.gate_weights_figure(
+            W, [implied_weights(q, k, 1.0, np.log(a)).numpy() for a in (1.0, 0.5)], [1.0, 0.5], beta=1.0),
+        "plane_mixing": _plane_mixing,
         "pair": lambda: wg.pair_figure(CausalGrassmannMixing(8, reduced_dim=5, offsets=(1, 2)),
                                        torch.randn(1, 6, 8, generator=g), 5, 2, tokens=list("abcdef")),
         "plucker_features": lambda: wg.features_figure(torch.randn(10, 6, generator=g, dtype=torch.float64),
                                                        [3, 6], [1, 4]),
     }
+
+
+def _plane_mixing():
+    from attnlib import softmax_attention
+    from attnlib.experiments import grassmann as gx
+    from attnlib.grassmann import CausalGrassmannMixing
+    from attnlib.widgets.grassmann import plane_mixing_figure
+    torch.manual_seed(0)
+    offsets, L, t = (1, 2, 4), 10, 6
+    h = torch.randn(1, L, 5, dtype=torch.float64)
+    pt = gx.pair_terms(CausalGrassmannMixing(5, 3, offsets).double(), h, t)
+    eye = torch.eye(L, dtype=torch.float64)[None, None]
+    plan = softmax_attention(pt["z"][None, None], pt["z"][None, None], eye, causal=True)[0, 0]
+    return plane_mixing_figure(pt, t, plan, gx.pairing_pattern(L, offsets))
 
 
 FIGURES = sorted(_figure_builders())
@@ -531,3 +550,118 @@ def test_curves_figure_takes_styles_and_error_bars_and_checks_lengths():
     assert list(fig.data[0].error_y.array) == [0.1, 0.2] and fig.data[1].error_y.array is None
     with pytest.raises(ValueError, match="2 x values but 1 y values"):
         widgets.curves_figure({"a": ([1, 2], [3])}, title="t", x_title="x", y_title="y")
+
+
+# --- every chapter's mechanism map beside softmax's plan ---------------------------------------
+
+def _check_map_figure(fig, mechanism, n_steps, axes):
+    """One frame per slider step, each frame naming the range of every listed axis (nothing rides on
+    the first frame's), and the marker the browser check looks for."""
+    assert len(fig.frames) == len(fig.layout.sliders[0].steps) == n_steps
+    assert [s.args[0][0] for s in fig.layout.sliders[0].steps] == [fr.name for fr in fig.frames]
+    for fr in fig.frames:
+        for ax in axes:
+            assert fr.layout[ax].range is not None, f"{fr.name}: {ax} has no range of its own"
+    assert fig.layout.meta == {"mechanism_map": mechanism}
+    assert fig.layout.title.text
+
+
+def test_gate_weights_figure_steps_over_the_gate_and_keeps_the_plan():
+    from attnlib import deltanet, softmax_attention
+    from attnlib.widgets.deltanet import gate_weights_figure
+    g = torch.Generator().manual_seed(2)
+    T = 8
+    q = torch.nn.functional.normalize(torch.rand(T, 4, generator=g, dtype=torch.float64), dim=-1)
+    k = torch.nn.functional.normalize(torch.rand(T, 4, generator=g, dtype=torch.float64), dim=-1)
+    plan = softmax_attention(q[None, None], k[None, None], torch.eye(T, dtype=torch.float64)[None, None],
+                             causal=True)[0, 0]
+    alphas = [1.0, 0.8, 0.5]
+    Ws = [deltanet.implied_weights(q, k, 1.0, np.log(a)) for a in alphas]
+    fig = gate_weights_figure(plan, Ws, alphas, beta=1.0, active=1)
+    _check_map_figure(fig, "Gated DeltaNet", 3, ["xaxis", "yaxis", "xaxis2", "yaxis2"])
+    assert np.allclose(np.asarray(fig.data[0].z).sum(1), 1, atol=1e-6)          # the plan, in float32
+    for fr, W in zip(fig.frames, Ws):
+        assert list(fr.traces) == [1] and np.allclose(np.asarray(fr.data[0].z), W.numpy(), atol=1e-6)
+    # its own colour scale per panel: the plan's starts at 0, the weights' is centred on 0 for every step
+    assert fig.data[0].zmin == 0 and fig.data[1].zmin == -fig.data[1].zmax
+    assert fig.data[1].zmax >= max(float(W.abs().max()) for W in Ws)
+    with pytest.raises(ValueError, match="one weight matrix per gate value"):
+        gate_weights_figure(plan, Ws, alphas[:2], beta=1.0)
+
+
+def test_gated_implied_weights_reach_deltanet_and_the_diagonal_at_the_gate_limits():
+    from attnlib import deltanet
+    g = torch.Generator().manual_seed(3)
+    q, k = (torch.nn.functional.normalize(torch.randn(9, 4, generator=g, dtype=torch.float64), dim=-1)
+            for _ in range(2))
+    assert torch.allclose(deltanet.implied_weights(q, k, 0.7, 0.0), deltanet.implied_weights(q, k, 0.7))
+    tiny = deltanet.implied_weights(q, k, 0.7, np.log(1e-12))
+    assert torch.allclose(tiny, torch.diag(0.7 * (q * k).sum(1)), atol=1e-9)
+    # o = W v for any v: the weights are what the layer computes
+    v = torch.randn(1, 1, 9, 3, generator=g, dtype=torch.float64)
+    gate = torch.full((1, 1, 9), np.log(0.8), dtype=torch.float64)
+    o, _ = deltanet.delta_rule_recurrent_reference(q[None, None], k[None, None], v,
+                                                   torch.full((1, 1, 9), 0.7, dtype=torch.float64), gate, scale=1.0)
+    assert torch.allclose(deltanet.implied_weights(q, k, 0.7, np.log(0.8)) @ v[0, 0], o[0, 0])
+
+
+def test_needle_maps_figure_has_a_step_per_algorithm_and_the_exact_plan():
+    from attnlib import needle
+    from attnlib.widgets.needle import needle_maps_figure
+    algos = [needle.make(n, T=32, d=8, seed=0) for n in ("sliding_window", "performer", "linformer")]
+    fig = needle_maps_figure(algos, M=40.0)
+    _check_map_figure(fig, "subquadratic attention algorithms", 3, ["xaxis", "yaxis", "xaxis2", "yaxis2", "yaxis3"])
+    for algo, fr in zip(algos, fig.frames):
+        case = needle.attack(algo, M=40.0)
+        exact, got = np.asarray(fr.data[0].z), np.asarray(fr.data[1].z)
+        assert np.allclose(exact, needle.exact_rows(case).numpy(), atol=1e-6)
+        assert np.allclose(got, needle.algorithm_rows(algo, case).numpy(), atol=1e-6)
+        assert exact.dtype == np.float32                                          # page weight
+        on_j, rest = (np.asarray(b.y) for b in fr.data[4:6])                     # where row i's mass goes
+        assert np.allclose(on_j + rest, 1, atol=1e-5)
+        assert on_j[0] == pytest.approx(needle.needle_mass(32, 40.0), abs=1e-6) and on_j[1] <= 8 / 32 + 1e-6
+    with pytest.raises(ValueError, match="share one T"):
+        needle_maps_figure([algos[0], needle.make("strided", T=40, d=8)])
+
+
+def test_algorithm_rows_are_what_row_error_compares():
+    from attnlib import needle
+    algo = needle.make("strided", T=36, d=8, seed=1)
+    case = needle.attack(algo, M=20.0)
+    rows = needle.algorithm_rows(algo, case)
+    assert rows.shape == (36, 36) and rows.dtype == torch.float64
+    by_hand = float((needle.exact_rows(case)[case.i] - rows[case.i]).abs().sum())
+    assert needle.row_error(algo, case) == pytest.approx(by_hand)
+
+
+def test_plane_mixing_figure_steps_over_the_offsets_of_one_position():
+    from attnlib import softmax_attention
+    from attnlib.experiments import grassmann as gx
+    from attnlib.grassmann import CausalGrassmannMixing
+    from attnlib.widgets.grassmann import plane_mixing_figure
+    torch.manual_seed(0)
+    offsets, L, t = (1, 2, 4, 8), 12, 6                         # offset 8 has no partner at t = 6
+    layer = CausalGrassmannMixing(5, 3, offsets).double()
+    h = torch.randn(1, L, 5, dtype=torch.float64)
+    pt = gx.pair_terms(layer, h, t)
+    assert pt["offsets"] == [1, 2, 4] and pt["partners"] == [5, 4, 2]
+    assert torch.allclose(pt["terms"].sum(0) + pt["bias"], pt["signal"], atol=1e-12)
+    z = pt["z"]
+    plan = softmax_attention(z[None, None], z[None, None], torch.eye(L, dtype=torch.float64)[None, None],
+                             causal=True)[0, 0]
+    paired = gx.pairing_pattern(L, offsets)
+    assert paired.sum(1).tolist() == gx.valid_counts(L, offsets).tolist() and not paired.triu().any()
+    fig = plane_mixing_figure(pt, t, plan, paired, active=2)
+    _check_map_figure(fig, "Grassmann mixing", 3, ["xaxis3", "yaxis3", "xaxis4", "yaxis4", "yaxis", "yaxis2"])
+    for k, fr in enumerate(fig.frames):
+        assert fr.layout.scene.xaxis.range is not None                         # the 3-D box is fixed too
+        bars = [d for d in fr.data if d.type == "bar"]
+        assert np.allclose(np.asarray(bars[0].y), pt["features"][k].numpy())
+        assert np.allclose(np.asarray(bars[1].y), pt["terms"][k].numpy())
+        (marker,) = [d for d in fr.data if d.type == "scatter"]
+        assert list(marker.x) == [pt["partners"][k]] and list(marker.y) == [t]
+        assert max(fr.traces) < len(fig.data)
+    with pytest.raises(ValueError, match="planes of R\\^3"):
+        plane_mixing_figure({**pt, "z": torch.zeros(L, 4)}, t, plan, paired)
+    with pytest.raises(ValueError, match="causal pairing"):
+        gx.pair_terms(CausalGrassmannMixing(5, 3, offsets, pairing="paper"), h.float(), t)

@@ -403,6 +403,55 @@ def dependence_lags(model: _ByteLM, L: int, *, generator: torch.Generator | None
     return {L - 1 - t for t in range(L) if norms[t].item() > 0}
 
 
+# ---------------------------------------------------------------------------------------------
+# What one position mixes: the planes of its pairs and their shares of the signal
+# ---------------------------------------------------------------------------------------------
+
+def pair_terms(layer: CausalGrassmannMixing, h: torch.Tensor, t: int) -> dict:
+    """What a (causal) layer mixes at position ``t`` of the input ``h [1, L, d]``, pair by pair, on a
+    float64 copy of the layer (the caller's layer is left alone). Returns a dict of float64 tensors:
+
+    * ``z [L, r]``: the reduced token states ``y`` (after the pre-norm, for ``norm="pre"``);
+    * ``offsets``, ``partners``: the offsets ``delta`` with ``t - delta >= 0`` and the positions ``t - delta``;
+    * ``features [K, C(r,2)]``: the normalised Plücker coordinates of ``span(y_t, y_{t-delta})``;
+    * ``terms [K, d]``: each pair's share of the mixing signal, ``W_plu features / K``;
+    * ``bias [d]``: ``b_plu`` (added once, where ``K > 0``);
+    * ``signal [d]``: the layer's own mixing signal ``g_t`` (its fused or collapsed path), which equals
+      ``terms.sum(0) + bias``;
+    * ``gate [d]``: ``alpha_t`` per channel (1 keeps ``h_t``, 0 takes the signal).
+    """
+    if layer.pairing != "causal":
+        raise ValueError(f"pair_terms reads the causal pairing (y_t with y_(t-delta)); this layer pairs "
+                         f"{layer.pairing!r}")
+    if h.dim() != 3 or h.shape[0] != 1:
+        raise ValueError(f"h has shape {tuple(h.shape)}; expected [1, L, d_model] (one sequence)")
+    L = h.shape[1]
+    if not 0 <= t < L:
+        raise ValueError(f"t must be in [0, {L}); got {t}")
+    m = copy.deepcopy(layer).double().eval()
+    with torch.no_grad():
+        x = h.double()
+        x = m.norm(x) if m.norm_kind == "pre" else x
+        z, signal = m.mixing_signal(x)
+        gate = m.gate_value(x, signal)[0, t]
+        feats = plucker_features(z, m.offsets, eps=m.eps, backend="torch")[0, t]       # [|W|, C]
+        valid = [k for k, delta in enumerate(m.offsets) if t - delta >= 0]
+        feats = feats[valid]
+        terms = feats @ m.plu.weight.T / max(len(valid), 1)
+        bias = m.plu.bias.clone()
+    return dict(z=z[0], offsets=[m.offsets[k] for k in valid], partners=[t - m.offsets[k] for k in valid],
+                features=feats, terms=terms, bias=bias, signal=signal[0, t], gate=gate)
+
+
+def pairing_pattern(L: int, offsets) -> torch.Tensor:
+    """``[L, L]`` bool: True at ``(t, t - delta)`` for every offset with ``t - delta >= 0`` -- the positions
+    each token is paired with, fixed in advance. Not weights on values: the layer averages the pairs'
+    Plücker coordinates (uniformly), never the partners' states."""
+    t = torch.arange(L)
+    return torch.stack([(t[:, None] - t[None, :]) == delta for delta in offsets]).any(0)
+
+
 __all__ = ["CORPUS_FILES", "PUBLISHED", "stdlib_corpus", "GrassmannLM", "TransformerLM", "LMConfig", "QUICK",
            "FULL", "build", "matched_sizes", "train_lm", "compare", "summarise", "mixer_flops",
-           "grassmann_mixing_paper_order", "crossover", "reachable_lags", "dependence_lags", "n_params"]
+           "grassmann_mixing_paper_order", "crossover", "reachable_lags", "dependence_lags", "n_params",
+           "pair_terms", "pairing_pattern"]

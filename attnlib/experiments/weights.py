@@ -4,7 +4,8 @@ holds the coefficients of ``o_t = sum_j w_tj v_j``.
 Every function here runs the library's own operator on the values ``v = I`` (one-hot values), so the
 matrix is what the operator computes, not a re-derivation of it. These are the matrices the chapters
 set beside softmax's plan (``attnlib.widgets.eot.weights_comparison_figure``): a transport plan has
-rows summing to 1 (or 0) and no negative entry; the other mechanisms may or may not.
+rows summing to 1 (or 0) and no negative entry; the other mechanisms may or may not. The delta
+rule's weights (signed: no plan) are the operator module's own, :func:`attnlib.deltanet.implied_weights`.
 
 ``q, k: [T, D]`` (one head, any float dtype); the result is float64.
 """
@@ -15,7 +16,6 @@ import torch
 
 from ..anna import anna_attention
 from ..attention import softmax_attention
-from ..deltanet import delta_rule_recurrent_reference
 from ..linear import linear_attention
 
 
@@ -56,24 +56,6 @@ def linear_attention_weights(q, k, *, feature_map=None, feature_kwargs: dict | N
                          normalize=normalize, feature_map=feature_map, feature_kwargs=feature_kwargs,
                          mode="parallel")
     return W[0, 0]
-
-
-def delta_rule_weights(q, k, beta) -> torch.Tensor:
-    """The weights the delta rule implicitly puts on the values, from
-    :func:`attnlib.deltanet.delta_rule_recurrent_reference` (``scale = 1``, no gate). In Su's form
-    ``W = (QK^T . M)(I + diag(beta)(KK^T . M^-))^{-1} diag(beta)``.
-
-    Unlike softmax's plan these weights are signed and their rows need not sum to one: each write
-    first subtracts what its key already retrieves, so later keys put negative weight on earlier
-    values. ``beta``: a number or ``[T]``.
-    """
-    q, k = _single_head("q", q), _single_head("k", k)
-    if k.shape != q.shape:
-        raise ValueError(f"q and k must both be [T, D] (one head); got {tuple(q.shape)} and {tuple(k.shape)}")
-    T = q.shape[0]
-    b = torch.as_tensor(beta, dtype=torch.float64).expand(T)[None, None]
-    o, _ = delta_rule_recurrent_reference(q[None, None], k[None, None], _one_hot_values(T), b, scale=1.0)
-    return o[0, 0]
 
 
 def anna_weights(q, k, n_tables: int, n_bits: int, *, seed: int = 0, family: str = "simhash") -> torch.Tensor:

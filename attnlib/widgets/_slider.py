@@ -71,7 +71,8 @@ def add_frame_slider(fig: go.Figure, frames: Sequence[go.Frame], labels: Sequenc
     names = _legend_names(fig)
     bottom = SLIDER_PX + 50                                                   # + the x axis' ticks and title
     if names:
-        fig.update_layout(legend=dict(yref="container", y=0.0, yanchor="bottom"))
+        fig.update_layout(legend=dict(orientation="h", yref="container", y=0.0, yanchor="bottom", xref="container",
+                                      x=0.0, xanchor="left"))
         bottom += LEGEND_ROW_PX * legend_rows(names)
     before = fig.layout.margin.b if fig.layout.margin.b is not None else fig.layout.template.layout.margin.b or 0
     if bottom > before:

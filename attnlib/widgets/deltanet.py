@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 import plotly.graph_objects as go
 import torch
+from plotly.subplots import make_subplots
 
 from ..experiments.recall import state_trajectory
 from ._slider import add_frame_slider
@@ -97,3 +98,58 @@ def stability_explorer(*, T: int = 200, D: int = 16, seed: int = 0):
     n_slider.observe(update, names="value")
     return widgets.VBox([widgets.HBox([b_slider, n_slider]), fig])
 
+
+def gate_weights_figure(plan, weights, alphas, *, beta: float, active: int = 0) -> go.Figure:
+    """Softmax's causal plan beside Gated DeltaNet's implied weights, with a slider over the gate.
+
+    ``plan``: ``[T, T]`` softmax attention weights on the same queries and keys (fixed); ``weights[i]``:
+    the ``[T, T]`` implied weights (:func:`attnlib.deltanet.implied_weights`) at the constant decay
+    ``alphas[i]`` (``g = log alpha``; ``alpha = 1`` is DeltaNet). Each panel has its own colour scale:
+    the plan's runs from 0 to its largest weight after the first row (a causal first row is a single
+    weight 1, shown in the end colour), the gated weights' is diverging, centred on 0 and the
+    same for every step (so the steps compare). Each frame sets both panels' axes and reports the
+    weights' row sums and smallest entry in the title.
+    """
+    plan = np.asarray(plan, dtype=np.float64)
+    mats = [np.asarray(W, dtype=np.float64) for W in weights]
+    alphas = [float(a) for a in alphas]
+    if not mats or len(mats) != len(alphas):
+        raise ValueError(f"need one weight matrix per gate value; got {len(mats)} and {len(alphas)}")
+    T = plan.shape[0]
+    for i, W in enumerate(mats):
+        if W.shape != plan.shape or plan.shape != (T, T) or not np.isfinite(W).all():
+            raise ValueError(f"weights[{i}] has shape {W.shape}; expected a finite {plan.shape} matrix like plan")
+    wmax = max(float(np.abs(W).max()) for W in mats) or 1.0
+    pos = list(range(T))
+
+    def title(alpha, W):
+        rs = W.sum(1)
+        name = "DeltaNet, no decay" if alpha == 1.0 else f"decay α = {alpha:g}"
+        return (f"Gated DeltaNet's weights and softmax's plan<br><sup>{name}, β = {beta:g}<br>"
+                f"gated weights: row sums {rs.min():.2f} to {rs.max():.2f}, smallest {W.min():+.2f}<br>"
+                f"plan: row sums 1, smallest {plan.min():.2f}</sup>")
+
+    axes = dict(xaxis=dict(range=[-0.5, T - 0.5], title_text="value position j"),
+                xaxis2=dict(range=[-0.5, T - 0.5], title_text="value position j"),
+                yaxis=dict(range=[T - 0.5, -0.5], title_text="query position t"),
+                yaxis2=dict(range=[T - 0.5, -0.5], title_text="query position t"))
+    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.2,
+                        subplot_titles=("softmax: the plan", "Gated DeltaNet:<br>the weights"))
+    # The first causal row has one key and weight 1; scaled to the other rows, the plan keeps its contrast.
+    plan_top = float(plan[1:].max()) if T > 1 else float(plan.max())
+    fig.add_trace(go.Heatmap(z=plan.astype(np.float32), x=pos, y=pos, zmin=0.0, zmax=plan_top,
+                             colorscale="Blues",
+                             colorbar=dict(title="weight", x=fig.layout.xaxis.domain[1] + 0.01, len=0.8, thickness=10),
+                             hovertemplate="query %{y} → value %{x}: %{z:.3f}<extra>softmax</extra>"), row=1, col=1)
+    fig.add_trace(go.Heatmap(z=mats[active].astype(np.float32), x=pos, y=pos, zmin=-wmax, zmax=wmax, zmid=0.0,
+                             colorscale="RdBu_r",
+                             colorbar=dict(title="weight", x=fig.layout.xaxis2.domain[1] + 0.01, len=0.8, thickness=10),
+                             hovertemplate="query %{y} → value %{x}: %{z:.3f}<extra>gated delta</extra>"),
+                  row=1, col=2)
+    frames = [go.Frame(data=[go.Heatmap(z=W.astype(np.float32))], traces=[1], name=f"alpha{i}",
+                       layout=go.Layout(title_text=title(a, W), **axes))
+              for i, (a, W) in enumerate(zip(alphas, mats))]
+    fig.update_layout(title=dict(text=title(alphas[active], mats[active]), font=dict(size=13)), height=470,
+                      margin=dict(t=150, l=60, r=20, b=40), meta={"mechanism_map": "Gated DeltaNet"}, **axes)
+    labels = ["1 (DeltaNet)" if a == 1.0 else f"{a:g}" for a in alphas]
+    return add_frame_slider(fig, frames, labels, prefix="decay α = ", active=active)

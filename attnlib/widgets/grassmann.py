@@ -18,7 +18,7 @@ from plotly.subplots import make_subplots
 
 from ..grassmann import CausalGrassmannMixing, pair_indices, plucker, plucker_features
 from ._slider import add_frame_slider
-from ._style import COLORWAY, SIGNED_SCALE
+from ._style import COLORWAY, SIGNED_SCALE, wrap
 
 COLORS = COLORWAY
 SUPERSCRIPTS = str.maketrans("0123456789", "⁰¹²³⁴⁵⁶⁷⁸⁹")
@@ -178,4 +178,105 @@ def pair_explorer(layer: CausalGrassmannMixing, h: torch.Tensor, *, tokens: Sequ
     return W.VBox([W.HBox([t_slider, d_pick]), out])
 
 
-__all__ = ["planes_figure", "features_figure", "pair_figure", "pair_explorer"]
+def plane_mixing_figure(terms: dict, t: int, plan, paired, *, active: int = 0) -> go.Figure:
+    """What a Grassmann layer mixes at position ``t``, one slider step per offset ``delta``, beside the
+    exact softmax map of the same token states.
+
+    ``terms``: :func:`attnlib.experiments.grassmann.pair_terms` of a layer with ``r = 3`` (so the plane is
+    drawn exactly, not projected); ``plan``: ``[L, L]`` causal softmax attention of the states ``y`` on
+    themselves; ``paired``: ``[L, L]`` bool, :func:`~attnlib.experiments.grassmann.pairing_pattern`.
+
+    Top: the plane of ``y_t`` and ``y_{t-delta}`` in 3-D, with its normal; the pair's normalised Plücker
+    coordinates (for ``r = 3``, the normal's entries up to order and sign); the pair's share
+    ``W_plu omega / K`` of the signal ``g_t``, beside the whole signal. Bottom: softmax's plan (each row
+    sums to 1 over earlier positions); the fixed pairing pattern, with this step's pair marked; the
+    gate (``alpha_t`` in the code, the book's ``zeta_t``) that weighs ``h_t`` against the signal per
+    channel. The signal ``g_t`` is the book's ``xi_t``.
+    """
+    z = np.asarray(terms["z"], dtype=np.float64)
+    if z.ndim != 2 or z.shape[1] != 3:
+        raise ValueError(f"terms['z'] has shape {z.shape}; plane_mixing_figure draws planes of R^3 (a layer "
+                         "with reduced_dim=3); pair_figure projects larger ones")
+    L = z.shape[0]
+    offsets, partners = list(terms["offsets"]), list(terms["partners"])
+    if not offsets:
+        raise ValueError(f"position {t} has no partner: no plane to draw")
+    feats, shares = np.asarray(terms["features"], dtype=np.float64), np.asarray(terms["terms"], dtype=np.float64)
+    signal, gate = np.asarray(terms["signal"], dtype=np.float64), np.asarray(terms["gate"], dtype=np.float64)
+    plan, paired = np.asarray(plan, dtype=np.float64), np.asarray(paired, dtype=bool)
+    if plan.shape != (L, L) or paired.shape != (L, L):
+        raise ValueError(f"plan and paired must be [L, L] = {(L, L)}; got {plan.shape} and {paired.shape}")
+    i, j = pair_indices(3)
+    coords = [f"({a},{b})" for a, b in zip(i.tolist(), j.tolist())]
+    channels = list(range(signal.shape[0]))
+    reach = 1.1 * max(float(np.abs(z[[t] + partners]).max()), 1.0)
+    span = dict(range=[-reach, reach], autorange=False)
+    smax = 1.05 * max(float(np.abs(shares).max()), float(np.abs(signal).max()))
+    layout_axes = dict(
+        scene=dict(xaxis=dict(title="y₀", **span), yaxis=dict(title="y₁", **span), zaxis=dict(title="y₂", **span),
+                   aspectmode="cube", camera=dict(eye=dict(x=1.5, y=1.5, z=1.0))),
+        xaxis=dict(title_text="Plücker coordinate (i, j)"), yaxis=dict(range=[-1.05, 1.05], title_text="ω̂ᵢⱼ"),
+        xaxis2=dict(title_text="output channel"), yaxis2=dict(range=[-smax, smax], title_text="signal ξ_t"),
+        xaxis3=dict(range=[-0.5, L - 0.5], title_text="key position s"),
+        yaxis3=dict(range=[L - 0.5, -0.5], title_text="position t"),
+        xaxis4=dict(range=[-0.5, L - 0.5], title_text="partner position t − δ"),
+        yaxis4=dict(range=[L - 0.5, -0.5], title_text="position t"),
+        xaxis5=dict(title_text="channel"), yaxis5=dict(range=[0, 1], title_text="gate ζₜ"))
+
+    def title(k):
+        return (f"Grassmann mixing at t = {t}: pair (t, t − {offsets[k]})<br><sup>one of {len(offsets)} pairs; "
+                f"the layer averages their Plücker coordinates<br>and projects them: no weights on positions<br>"
+                f"(softmax's row t is a plan over the {t + 1} positions up to t)</sup>")
+
+    def step_traces(k):
+        u, w = z[t], z[partners[k]]
+        plane = _plane_traces(u, w, COLORS[0], f"span(y_{t}, y_{partners[k]})")
+        return plane + [
+            go.Bar(x=coords, y=feats[k], marker_color=COLORS[1], name="Plücker coordinates ω̂ of the pair",
+                   hovertemplate="ω̂%{x} = %{y:.3f}<extra></extra>"),
+            go.Bar(x=channels, y=shares[k], marker_color=COLORS[1], name="this pair's share W ω̂ / K",
+                   hovertemplate="channel %{x}: %{y:.3f}<extra>this pair</extra>"),
+            go.Scatter(x=[partners[k]], y=[t], mode="markers", name="this pair (t, t − δ)", cliponaxis=False,
+                       marker=dict(symbol="circle-open", size=13, color="#ff7f0e", line=dict(width=3)))]
+
+    fig = make_subplots(rows=2, cols=3, column_widths=[0.36, 0.34, 0.3], row_heights=[0.55, 0.45],
+                        horizontal_spacing=0.1, vertical_spacing=0.14,
+                        specs=[[{"type": "scene"}, {"type": "xy"}, {"type": "xy"}],
+                               [{"type": "xy"}, {"type": "xy"}, {"type": "xy"}]],
+                        subplot_titles=[wrap(s, 13) for s in (
+                            "the plane of y_t and y_(t−δ)", "what the pair contributes: ω̂",
+                            "how it enters: its share of the signal", "softmax: the plan (rows sum to 1)",
+                            "Grassmann: the fixed pairs", "gate: keep h_t (1) or take the signal (0)")])
+    first = step_traces(active)
+    cells = [(1, 1)] * 4 + [(1, 2), (1, 3), (2, 2)]
+    for tr, (r_, c_) in zip(first, cells):
+        fig.add_trace(tr, row=r_, col=c_)
+    n_step = len(first)
+    fig.add_trace(go.Bar(x=channels, y=signal, name="the whole signal ξ_t", marker_color="rgba(0,0,0,0)",
+                         marker_line=dict(color="#444", width=1.5),
+                         hovertemplate="channel %{x}: %{y:.3f}<extra>ξ_t</extra>"), row=1, col=3)
+    fig.add_trace(go.Heatmap(z=plan.astype(np.float32), zmin=0.0, zmax=float(plan.max()), colorscale="Blues",
+                             colorbar=dict(title="weight", x=fig.layout.xaxis3.domain[1] + 0.005, y=0.2, len=0.4,
+                                           thickness=8),
+                             hovertemplate="position %{y} → %{x}: %{z:.3f}<extra>softmax</extra>"), row=2, col=1)
+    fig.add_trace(go.Scatter(x=[-0.5, t + 0.5], y=[t, t], mode="lines", line=dict(color="#ff7f0e", width=1),
+                             name=f"row t = {t}", hoverinfo="skip"), row=2, col=1)
+    fig.add_trace(go.Heatmap(z=paired.astype(np.uint8), zmin=0, zmax=1, showscale=False,
+                             colorscale=[[0, "#f4f4f4"], [1, "#2b3a55"]],
+                             hovertemplate="position %{y} paired with %{x}: %{z}<extra></extra>"), row=2, col=2)
+    fig.add_trace(go.Bar(x=channels, y=gate, marker_color=COLORS[2], name="gate ζₜ",
+                         hovertemplate="channel %{x}: %{y:.2f}<extra>gate</extra>"), row=2, col=3)
+    fig.update_layout(**layout_axes)
+    # The marker belongs above the pattern's heatmap: draw it last.
+    fig.data = fig.data[:n_step - 1] + fig.data[n_step:] + fig.data[n_step - 1:n_step]
+    order = list(range(n_step - 1)) + [len(fig.data) - 1]
+    frames = [go.Frame(data=step_traces(k), traces=order, name=f"delta{d}",
+                       layout=go.Layout(title_text=title(k), **layout_axes))
+              for k, d in enumerate(offsets)]
+    fig.update_layout(title=dict(text=title(active), font=dict(size=13)), height=820, barmode="overlay",
+                      margin=dict(t=150, l=60, r=20, b=40),
+                      meta={"mechanism_map": "Grassmann mixing"})
+    return add_frame_slider(fig, frames, [str(d) for d in offsets], prefix="offset δ = ", active=active)
+
+
+__all__ = ["planes_figure", "features_figure", "pair_figure", "pair_explorer", "plane_mixing_figure"]

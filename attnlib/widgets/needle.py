@@ -15,7 +15,7 @@ from plotly.subplots import make_subplots
 
 from .. import needle
 from ._slider import add_frame_slider
-from ._style import colour
+from ._style import colour, wrap
 
 EXACT_COLOR, ALGO_COLOR, NEEDLE_COLOR = colour(0), colour(1), colour(4)
 
@@ -193,5 +193,87 @@ def needle_explorer(*, d: int = 16, T_values: Sequence[int] = (64, 128, 256, 512
     return W.VBox([W.HBox([algo_w, T_w]), M_w, fig])
 
 
-__all__ = ["error_curves_figure", "error_vs_M_by_T_figure", "needle_explorer", "probe_map_figure",
-           "row_vs_M_figure", "work_figure"]
+# Probabilities of one row span 1/T (the haystack) to 1 (the needle): a colour scale whose steps sit at
+# small weights shows both; the colour bar's ticks stay the weights themselves.
+_PLAN_SCALE = [[0.0, "#ffffff"], [0.004, "#f0f6fc"], [0.02, "#c6dbef"], [0.08, "#6baed6"], [0.3, "#2171b5"],
+               [1.0, "#08306b"]]
+
+
+def needle_maps_figure(algos: Sequence, *, M: float = 80.0, active: int = 0) -> go.Figure:
+    """What each algorithm computes on its own adversarial input, beside the exact plan (a slider step
+    per algorithm): left, exact softmax attention (rows: queries, columns: keys); middle, the
+    algorithm's rows (its output with one-hot values); both with the needle ``(i, j)`` marked and one
+    colour scale, since both are probability rows. Right, where row ``i``'s unit of mass goes: onto
+    the needle's key ``j`` or onto the other keys, exact against the algorithm's.
+
+    Keep ``T`` small (the lab takes 56): every step stores two ``T x T`` float32 maps.
+    """
+    algos = list(algos)
+    if not algos:
+        raise ValueError("algos must hold at least one algorithm")
+    T = algos[0].T
+    if any(a.T != T for a in algos):
+        raise ValueError(f"the algorithms must share one T; got {[a.T for a in algos]}")
+    keys = list(range(T))
+    steps = []
+    for algo in algos:
+        case = needle.attack(algo, M=M)
+        exact, got = needle.exact_rows(case).numpy(), needle.algorithm_rows(algo, case).numpy()
+        err = float(np.abs(exact[case.i] - got[case.i]).sum())
+        steps.append((algo, case, exact.astype(np.float32), got.astype(np.float32), err))
+
+    def title(algo, case, err, exact, got):
+        return (f"{algo.name}: the attacked row i = {case.i}<br><sup>needle at key j = {case.j}, M = {case.M:g}<br>"
+                f"its mass: exact {exact[case.i, case.j]:.3f}, {algo.name} {got[case.i, case.j]:.3f}<br>"
+                f"L1 error {err:.3f} (at most 2)</sup>")
+
+    def mass(exact, got, case):
+        on_j = [float(exact[case.i, case.j]), float(got[case.i, case.j])]
+        return on_j, [float(exact[case.i].sum()) - on_j[0], float(got[case.i].sum()) - on_j[1]]
+
+    axes = {}
+    for n in (1, 2):
+        axes[f"xaxis{n if n > 1 else ''}"] = dict(range=[-0.5, T - 0.5], title_text="key position j")
+        axes[f"yaxis{n if n > 1 else ''}"] = dict(range=[T - 0.5, -0.5], title_text="query position i")
+    axes["yaxis3"] = dict(range=[0, 1.05], title_text="mass", title_standoff=4)
+    axes["xaxis3"] = dict(title_text="row i")
+    fig = make_subplots(rows=1, cols=3, column_widths=[0.39, 0.39, 0.22], horizontal_spacing=0.12,
+                        subplot_titles=[wrap(s, 14) for s in ("exact softmax: the plan", "the algorithm's rows",
+                                                              "row i's<br>mass")])
+    bar_x = fig.layout.xaxis2.domain[1] + 0.01                    # the colour bar, right of the two maps
+    algo, case, exact, got, err = steps[active]
+    for col, Z, who in ((1, exact, "exact"), (2, got, "algorithm")):
+        fig.add_trace(go.Heatmap(z=Z, x=keys, y=keys, zmin=0.0, zmax=1.0, colorscale=_PLAN_SCALE,
+                                 showscale=(col == 2), colorbar=dict(title="weight", x=bar_x, len=0.8, thickness=10,
+                                                                     tickvals=[0, 0.1, 0.3, 1]),
+                                 hovertemplate=f"query %{{y}} → key %{{x}}: %{{z:.3f}}<extra>{who}</extra>"),
+                      row=1, col=col)
+    for col in (1, 2):
+        fig.add_trace(go.Scatter(x=[case.j], y=[case.i], mode="markers", name="needle (i, j)", showlegend=(col == 1),
+                                 cliponaxis=False,
+                                 marker=dict(symbol="circle-open", size=14, color="#ff7f0e", line=dict(width=3))),
+                      row=1, col=col)
+    on_j, rest = mass(exact, got, case)
+    fig.add_trace(go.Bar(x=["exact", "algorithm"], y=on_j, name="on the needle's key j", marker_color="#ff7f0e"),
+                  row=1, col=3)
+    fig.add_trace(go.Bar(x=["exact", "algorithm"], y=rest, name="on the other keys", marker_color="#6baed6"),
+                  row=1, col=3)
+    frames = []
+    for n, (algo, case, exact, got, err) in enumerate(steps):
+        on_j, rest = mass(exact, got, case)
+        frames.append(go.Frame(
+            data=[go.Heatmap(z=exact), go.Heatmap(z=got), go.Scatter(x=[case.j], y=[case.i]),
+                  go.Scatter(x=[case.j], y=[case.i]), go.Bar(y=on_j), go.Bar(y=rest)],
+            traces=[0, 1, 2, 3, 4, 5], name=f"algo{n}",
+            layout=go.Layout(title_text=title(algo, case, err, exact, got), **axes)))
+    algo, case, exact, got, err = steps[active]
+    fig.update_layout(title=dict(text=title(algo, case, err, exact, got), font=dict(size=13)), height=500,
+                      barmode="stack", margin=dict(t=140, l=60, r=20, b=40),
+                      legend=dict(x=1.02, y=1.0, xanchor="left", yanchor="top"),
+                      meta={"mechanism_map": "subquadratic attention algorithms"}, **axes)
+    return add_frame_slider(fig, frames, [slider_label(a.name) for a in algos], prefix="algorithm: ",
+                            active=active)
+
+
+__all__ = ["error_curves_figure", "error_vs_M_by_T_figure", "needle_explorer", "needle_maps_figure",
+           "probe_map_figure", "row_vs_M_figure", "work_figure"]
