@@ -48,8 +48,9 @@ def colour(i: int) -> str:
 
 
 def _template() -> go.layout.Template:
-    base = pio.templates["plotly_white"]
-    t = go.layout.Template(base)
+    # plotly_white's layout only: its per-trace defaults (4 KB) would travel inside every figure on a page,
+    # and the widgets set their colour scales themselves.
+    t = go.layout.Template(layout=pio.templates["plotly_white"].layout)
     t.layout.update(
         font=dict(family=FONT, size=12, color="#222"),
         colorway=list(COLORWAY),
