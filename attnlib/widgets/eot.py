@@ -159,7 +159,8 @@ def weights_comparison_figure(steps: Sequence[Mapping[str, np.ndarray]], labels:
 
     # Room between panels for each panel's own colour bar; rows are the same queries in every panel, so
     # only the first panel labels them.
-    fig = make_subplots(rows=1, cols=len(names), subplot_titles=[wrap(n) for n in names], horizontal_spacing=0.16)
+    fig = make_subplots(rows=1, cols=len(names), subplot_titles=[wrap(n, 12) for n in names],
+                        horizontal_spacing=0.16)
     for c, W in enumerate(mats[active], start=1):
         axis = "coloraxis" if c == 1 else f"coloraxis{c}"
         fig.add_trace(go.Heatmap(z=W, coloraxis=axis,
