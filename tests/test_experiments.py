@@ -42,7 +42,7 @@ def test_delta_rule_recall_overwrites_where_linear_attention_superposes():
 
 def test_recall_bad_arguments():
     with pytest.raises(ValueError, match="rule must be one of"):
-        associative_recall(4, 8, rule="softmax")
+        associative_recall(4, 8, rule="hopfield")
     with pytest.raises(ValueError, match=r"overwrites must be in \[0, 4\] \(at most num_pairs\)"):
         associative_recall(4, 8, overwrites=5)
     with pytest.raises(ValueError, match="num_pairs must be >= 1"):

@@ -3,7 +3,7 @@
 An operator module (``attnlib.linear``, ``attnlib.deltanet`` ...) is a chapter's equations and their
 dispatch; the experiments that chapters run on them live here, one submodule per subject:
 
-    recall   write key--value pairs into one state and read them back (chapters 3 and 4)
+    recall   write key--value pairs into one state and read them back (chapters 3, 4 and 7's capacity)
     linear   chapter 3's cost: counted FLOPs, cache bytes, CPU timings, power-law fits, crossover
     mqar     multi-query associative recall and the tiny models trained on it (chapter 4 onwards)
     anna     chapter 5's tasks (match2, k-hop induction), collision rates, the (c, r) conditions
