@@ -20,7 +20,7 @@ Selection. :func:`topk_select` returns the indices ``[B, 1, Tq, min(top_k, Tk)]`
 keys, highest score first; with ``causal=True`` only keys ``s <= t`` are candidates, and a row with fewer
 than ``top_k`` visible keys takes all of them and pads with ``-1``. So ``top_k >= Tk`` is dense attention,
 whatever the scores. Ties go to the earlier key (a stable sort), so the selection is deterministic;
-a NaN score ranks below every number.
+a NaN score counts as ``-inf`` (below every finite score).
 
 Attention. With ``S_t`` the selected set, ``o_t = sum_{s in S_t} exp(s_ts - lse_t) v_s``, ``lse_t =
 log sum_{s in S_t} exp(s_ts)``, ``s_ts = scale q_t . k_s``: the exact softmax restricted to ``S_t``. In
@@ -80,7 +80,7 @@ def topk_select_reference(I: torch.Tensor, top_k: int, *, causal: bool = True) -
     """Indices ``[B, 1, Tq, min(top_k, Tk)]`` (int64) of each row's highest scores, highest first.
 
     With ``causal``, keys ``s > t`` are never selected; a row with fewer visible keys than slots pads
-    with ``-1``. Ties go to the earlier key and NaN ranks lowest, by a stable descending sort on scores
+    with ``-1``. Ties go to the earlier key and NaN counts as ``-inf``, by a stable descending sort on scores
     in which NaN and the invisible keys are ``-inf``: among equal scores the earlier key comes first,
     so every visible key precedes every invisible one.
     """
@@ -206,7 +206,7 @@ def index_scores(index_q: torch.Tensor, index_k: torch.Tensor, index_w: torch.Te
 def topk_select(I: torch.Tensor, top_k: int, *, causal: bool = True) -> torch.Tensor:
     """Indices ``[B, 1, Tq, min(top_k, Tk)]`` (int64) of each query's ``top_k`` highest-scoring keys.
 
-    Highest score first; ties go to the earlier key; NaN ranks lowest. With ``causal`` only keys
+    Highest score first; ties go to the earlier key; NaN counts as ``-inf``. With ``causal`` only keys
     ``s <= t`` are candidates and a row with fewer visible keys than slots takes them all and pads
     with ``-1``. ``top_k >= Tk`` selects every (visible) key. :func:`selection_mask` turns the result
     into a boolean ``[B, 1, Tq, Tk]`` mask.

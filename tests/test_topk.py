@@ -131,9 +131,9 @@ def test_ties_go_to_the_earlier_key_and_the_selection_is_deterministic():
     assert torch.equal(topk_select(I, 3), topk_select(I.clone(), 3))
 
 
-def test_nan_index_scores_rank_below_every_number():
-    I = torch.tensor([[[[float("nan"), -1e30, 2.0]]]], dtype=F64)
-    assert topk_select(I, 2, causal=False).tolist() == [[[[2, 1]]]]
+def test_nan_index_scores_count_as_minus_inf():
+    I = torch.tensor([[[[float("nan"), -1e30, 2.0, -math.inf]]]], dtype=F64)
+    assert topk_select(I, 3, causal=False).tolist() == [[[[2, 1, 0]]]]         # NaN ties -inf; earlier first
 
 
 def test_top_k_one_returns_the_value_of_the_best_indexed_key():
