@@ -11,6 +11,7 @@ from .deltanet import delta_rule, delta_rule_decode_step
 from .grassmann import CausalGrassmannMixing, plucker, plucker_features, plucker_projection
 from .linear import linear_attention, linear_attention_decode_step
 from .sparse import block_sparse_attention
+from .topk import index_scores, indexer_kl_loss, topk_attention, topk_select
 
 __version__ = "0.1.0"
 
@@ -22,5 +23,6 @@ __all__ = [
     "delta_rule", "delta_rule_decode_step",               # chapter 4
     "anna_attention",                                     # chapter 5
     "plucker", "plucker_features", "plucker_projection", "CausalGrassmannMixing",   # chapter 6
+    "topk_attention", "index_scores", "topk_select", "indexer_kl_loss",            # chapter 7
     "__version__",
 ]
