@@ -82,11 +82,10 @@ class Lab:
             value = value.item()
         _glue(name, value)
 
-    def glue_figure(self, name: str, fig, *, plotlyjs: bool | None = None) -> None:
+    def glue_figure(self, name: str, fig) -> None:
         """Hand a Plotly figure to the chapter page (``{glue} name`` with ``:doc:``). It travels as
         HTML with precomputed sliders, the form Jupyter Book 1 renders (Plotly's own JSON mime type
-        would be dropped), and draws with the plotly.js that the book serves once for every page.
-        ``plotlyjs`` is accepted and ignored (figures used to inline plotly.js themselves)."""
+        would be dropped), and draws with the plotly.js that the book serves once for every page."""
         _glue(name, _PageFigure(fig))
 
     def result_file(self, relpath: str):

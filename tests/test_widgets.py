@@ -155,7 +155,7 @@ def test_lab_glue_is_silent_in_the_notebook(capsys):
     lab = setup(seed=0)
     lab.glue("x", 1.5)
     import plotly.graph_objects as go
-    lab.glue_figure("f", go.Figure(go.Scatter(y=[1, 2])), plotlyjs=False)
+    lab.glue_figure("f", go.Figure(go.Scatter(y=[1, 2])))
     assert capsys.readouterr().out == ""
 
 
