@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from ._kernel_inputs import compile_env, inputs_fingerprint
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -28,19 +30,6 @@ ROOT = Path(__file__).resolve().parent.parent
 # and fla versions). Rows of the same runs at the same fingerprint are what compiling again would give; a
 # change to any of those inputs makes the tests compile afresh and rewrite this file (commit it).
 CACHE = ROOT / "benchmarks" / "results" / "kernel_registers_cache.json"
-
-
-def _env() -> dict:
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    return env
-
-
-def _fingerprint() -> str:
-    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "kernel_report.py"), "--fingerprint"],
-                          capture_output=True, text=True, env=_env(), cwd=ROOT, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return proc.stdout.strip()
 
 
 def compiled_resources(kernels, dims, dtypes=("bf16",), extra=(), more_runs=()):
@@ -58,13 +47,13 @@ def compiled_resources(kernels, dims, dtypes=("bf16",), extra=(), more_runs=()):
         pytest.skip(f"triton's CUDA backend or ptxas is not available: {exc}")
     runs = [(kernels, dims, dtypes, extra), *more_runs]
     key = json.dumps([[list(k), list(map(int, d)), list(t), list(x)] for k, d, t, x in runs])
-    fingerprint = _fingerprint()
+    fingerprint = inputs_fingerprint()
     cache = json.loads(CACHE.read_text()) if CACHE.exists() else {}
     if cache.get("inputs_sha256") != fingerprint:
         cache = {"inputs_sha256": fingerprint, "runs": {}}
     if key in cache["runs"]:
         return cache["runs"][key]
-    env = _env()
+    env = compile_env()
     procs = [subprocess.Popen([sys.executable, str(ROOT / "scripts" / "kernel_resources.py"), "--no-save",
                                "--json-stdout", "--kernels", ",".join(k), "--dims", *map(str, d), "--dtypes", *t, *x],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
