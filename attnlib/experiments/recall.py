@@ -147,14 +147,11 @@ def recall_vs_pairs(pair_counts, dim: int, *, generator: torch.Generator, trials
     Returns ``{regime: {rule: recall [len(pair_counts), trials]}}`` (float64): mean and spread over the
     trial axis are the caller's.
 
-    Measured at ``dim = 64``, random keys, ``overwrite_fraction = 0.5`` (10 draws, mean +- sd):
-    softmax recalls every pair throughout (it needs keys that are not near-duplicates: at ``dim = 8``
-    random keys collide and it drops to 0.63 at ``N = 256``). Distinct keys: Hebbian 0.98 +- 0.02 at
-    ``N = 128``, 0.76 +- 0.04 at 256; delta rule 0.54 +- 0.03 and 0.26 +- 0.01 -- below ``dim`` both are
-    near exact and from ``dim`` on Hebbian is ahead, so the delta rule never wins there. Overwrites:
-    Hebbian misses about half the overwritten keys at any ``N`` (its read is ``v_old + v_new`` plus
-    crosstalk), while the delta rule replaces the old value, so it wins while the distinct keys are up
-    to about ``dim`` (``N = 32``: 0.99 against 0.75) and the two meet near ``N = 1.5 dim``.
+    What it shows (``tests/test_capacity.py`` checks each part): softmax recalls every pair while keys are
+    not near-duplicates; with distinct keys the delta rule never beats Hebbian (at ``dim = 64`` and
+    ``N = 256``: about 0.76 against 0.27); with overwrites Hebbian misses about half the overwritten keys
+    (its read is ``v_old + v_new`` plus crosstalk) while the delta rule replaces the old value, so the
+    delta rule wins while the distinct keys number up to about ``dim``.
     """
     counts = [_validate.check_int("pair_counts[i]", n, lo=1) for n in pair_counts]
     if not counts:
