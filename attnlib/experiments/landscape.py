@@ -714,8 +714,7 @@ def design_row(name: str, design: Mapping, *, bytes_per_elem: int = 2) -> dict:
     b = bytes_per_elem
     return {
         "model": name, "layers": n, "full": n_full, "linear": n_lin,
-        "ratio": f"{n_lin // max(n_full, 1)}:1" if n_lin and n_lin % max(n_full, 1) == 0
-        else (f"{n_lin}:{n_full}" if n_lin else "0:1"),
+        "ratio": ("all full" if not n_lin else f"{n_lin // n_full}:1" if n_lin % n_full == 0 else f"{n_lin}:{n_full}"),
         "types": f"{design['linear_kind']} / {design['full_kind']}",
         "kv_bytes_per_token": n_full * cache * b,
         "state_bytes": n_lin * state * b,
