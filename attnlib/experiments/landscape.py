@@ -63,7 +63,7 @@ class HeadConfig:
     bytes_per_elem: int = 2
     chunk: int = 64
     block_size: int = 64
-    band_blocks: int = 4
+    band_blocks: int = 8
     top_k: int = 2048
     index_heads: int = 4
     index_dim: int = 64
