@@ -10,10 +10,11 @@ dispatch; the experiments that chapters run on them live here, one submodule per
     grassmann  chapter 6's corpus, GrassmannLM and TransformerLM, training, counted FLOPs
     kernels  what the chunked kernels move, launch by launch, read from the static kernel report
     weights  the [T, T] weights each mechanism puts on the values (the operator applied to v = I)
+    landscape  chapter 7: every mechanism's cost on one set of axes, crossovers, published designs
 
 Chapters add their own submodule with one import line below.
 """
 
-from . import anna, grassmann, kernels, linear, mqar, recall, weights
+from . import anna, grassmann, kernels, landscape, linear, mqar, recall, weights
 
-__all__ = ["anna", "grassmann", "kernels", "linear", "mqar", "recall", "weights"]
+__all__ = ["anna", "grassmann", "kernels", "landscape", "linear", "mqar", "recall", "weights"]

@@ -5,7 +5,7 @@ static book, no kernel needed); ``*_explorer`` functions return ipywidgets for a
 (Colab or Jupyter). Chapter 1's are re-exported here; the others are imported from their chapter's
 submodule: ``attnlib.widgets.needle`` (chapter 2), ``attnlib.widgets.linear`` (chapter 3),
 ``attnlib.widgets.deltanet`` (chapter 4), ``attnlib.widgets.anna`` (chapter 5), ``attnlib.widgets.grassmann``
-(chapter 6).
+(chapter 6), ``attnlib.widgets.landscape`` (chapter 7).
 
 Importing this package makes the book's figure style (:mod:`._style`) Plotly's default template, so
 every figure -- these and any a lab draws itself -- looks the same and fits a phone's width.
