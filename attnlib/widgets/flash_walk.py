@@ -72,7 +72,7 @@ def flash_walk_figure(walk, *, title: str = "The flash forward, one key tile at 
     fig.update_xaxes(title_text="key j", row=1, col=1)
     fig.update_yaxes(title_text="query i", autorange="reversed", row=1, col=1)
     fig.update_xaxes(title_text="value column", row=1, col=2)
-    fig.update_yaxes(title_text="query i", autorange="reversed", row=1, col=2)
+    fig.update_yaxes(autorange="reversed", showticklabels=False, row=1, col=2)   # the same rows as on the left
     fig.update_xaxes(title_text="query i", row=2, col=1)
     fig.update_yaxes(title_text="scaled score", range=[ys.min() - pad, ys.max() + pad], row=2, col=1)
     fig.update_xaxes(title_text="query i", row=2, col=2)
