@@ -58,7 +58,7 @@ def flash_walk_figure(walk, *, title: str = "The flash forward, one key tile at 
     l_max = float(walk.l.max())
 
     fig = make_subplots(rows=2, cols=2, horizontal_spacing=0.16, vertical_spacing=0.2,
-                        subplot_titles=(wrap("partial plan exp(s − m)/ℓ", 20), wrap("partial output acc/ℓ", 20),
+                        subplot_titles=(wrap("partial plan", 20), wrap("partial output acc/ℓ", 20),
                                         wrap("running max and log-sum-exp", 20), wrap("running sum ℓ", 20)))
     for tr, (r, c) in zip(_walk_traces(walk, n - 1, rows, key_axis, dv_axis, zmax_plan, zmax_out),
                           [(1, 1), (1, 2), (2, 1), (2, 1), (2, 2)]):
@@ -80,6 +80,10 @@ def flash_walk_figure(walk, *, title: str = "The flash forward, one key tile at 
     for ax in ("xaxis3", "xaxis4"):
         fig.layout[ax].range = [float(rows.min()) - 0.5, float(rows.max()) + 0.5]
     return add_frame_slider(fig, frames, labels, prefix="keys seen: ", active=n - 1)
+
+
+# one symbol per op, so that ops of equal intensity stay apart
+_OPEN_SYMBOLS = ("circle-open", "square-open", "diamond-open", "triangle-up-open")
 
 
 def roofline_figure(points: Sequence[Mapping], roofs: Sequence, measured: Sequence[Mapping] = (), *,
@@ -108,7 +112,8 @@ def roofline_figure(points: Sequence[Mapping], roofs: Sequence, measured: Sequen
         x = np.array([p["intensity"] for p in mine])
         fig.add_trace(go.Scatter(x=x, y=first.attainable(x).numpy(), mode="markers",
                                  name=f"{op}: bound on {first.device.replace('NVIDIA ', '')}",
-                                 marker=dict(color=colour(i), size=9, symbol="circle-open", line=dict(width=2)),
+                                 marker=dict(color=colour(i), size=9, symbol=_OPEN_SYMBOLS[i % len(_OPEN_SYMBOLS)],
+                                             line=dict(width=2)),
                                  text=[p["shape"] for p in mine],
                                  hovertemplate="%{text}: %{x:.0f} FLOP/B, bound %{y:.0f} TFLOP/s<extra></extra>"))
     devices = list(dict.fromkeys(p["device"] for p in measured))
