@@ -353,7 +353,36 @@ def _figure_builders():
                                        torch.randn(1, 6, 8, generator=g), 5, 2, tokens=list("abcdef")),
         "plucker_features": lambda: wg.features_figure(torch.randn(10, 6, generator=g, dtype=torch.float64),
                                                        [3, 6], [1, 4]),
+        "flash_walk": _flash_walk,
+        "roofline": _roofline,
     }
+
+
+def _flash_walk():
+    """The walk figure on a hand-made trace (the kernel itself is tested in test_flash_walk.py)."""
+    from attnlib.experiments.flash_walk import FlashWalk
+    from attnlib.widgets.flash_walk import flash_walk_figure
+    g = torch.Generator().manual_seed(1)
+    s = torch.randn(4, 12, generator=g, dtype=torch.float64)
+    v = torch.randn(12, 3, generator=g, dtype=torch.float64)
+    ends = torch.tensor([4, 8, 12])
+    m = torch.stack([s[:, :e].max(1).values for e in ends])
+    l = torch.stack([torch.exp(s[:, :e] - m[t, :, None]).sum(1) for t, e in enumerate(ends)])  # noqa: E741
+    acc = torch.stack([torch.exp(s[:, :e] - m[t, :, None]) @ v[:e] for t, e in enumerate(ends)])
+    plans = torch.stack([torch.where(torch.arange(12) < e, torch.exp(s - m[t, :, None]) / l[t, :, None], 0.0)
+                         for t, e in enumerate(ends)])
+    walk = FlashWalk(rows=torch.arange(4, 8), key_end=ends, m=m, l=l, acc=acc, plans=plans,
+                     o=(acc[-1] / l[-1, :, None]).float(), lse=(m[-1] + l[-1].log()).float(), scores=s,
+                     block_m=4, block_n=4, causal=False, scale=1.0)
+    return flash_walk_figure(walk)
+
+
+def _roofline():
+    from attnlib.experiments.roofline import PEAKS
+    from attnlib.widgets.flash_walk import roofline_figure
+    points = [dict(op="softmax", shape="1x1x8x4", intensity=900.0), dict(op="linear", shape="1x1x8x4", intensity=40.0)]
+    measured = [dict(device="NVIDIA H200", shape="1x1x8x4", dtype="bf16", causal=True, intensity=900.0, tflops=300.0)]
+    return roofline_figure(points, [PEAKS["NVIDIA H100"], PEAKS["NVIDIA H200"]], measured)
 
 
 def _plane_mixing():
@@ -423,7 +452,7 @@ def test_legends_sit_outside_the_plot_and_off_the_slider(built, name):
     assert orientation == "h", name
 
 
-NO_SLIDER = ("planes", "pair", "conditions", "collision", "work", "error_curves", "curves")
+NO_SLIDER = ("planes", "pair", "conditions", "collision", "work", "error_curves", "curves", "roofline")
 
 
 @pytest.mark.parametrize("name", [n for n in FIGURES if n not in NO_SLIDER])

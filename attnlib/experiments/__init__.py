@@ -11,10 +11,13 @@ dispatch; the experiments that chapters run on them live here, one submodule per
     kernels  what the chunked kernels move, launch by launch, read from the static kernel report
     weights  the [T, T] weights each mechanism puts on the values (the operator applied to v = I)
     landscape  chapter 7: every mechanism's cost on one set of axes, crossovers, published designs
+    flash_walk  the flash forward kernel's running state, key tile by key tile (the appendix)
+    roofline  counted FLOPs and bytes per op against a GPU's two ceilings (the appendix)
 
 Chapters add their own submodule with one import line below.
 """
 
-from . import anna, grassmann, kernels, landscape, linear, mqar, recall, weights
+from . import anna, flash_walk, grassmann, kernels, landscape, linear, mqar, recall, roofline, weights
 
-__all__ = ["anna", "grassmann", "kernels", "landscape", "linear", "mqar", "recall", "weights"]
+__all__ = ["anna", "flash_walk", "grassmann", "kernels", "landscape", "linear", "mqar", "recall", "roofline",
+           "weights"]

@@ -160,12 +160,17 @@ def online_softmax_update(acc, l_i, m_i, s, v, MAY_BE_EMPTY: tl.constexpr, PRECI
 def attend_keys(acc, l_i, m_i, q, K_base, V_base, b, h, lo, hi, offs_m, offs_n, offs_d, offs_dv,
                 stride_kt, stride_kd, stride_vt, stride_vd, T_K, D, DV, qk_scale,
                 BLOCK_N: tl.constexpr, MASK_T: tl.constexpr, CAUSAL: tl.constexpr, EVEN_D: tl.constexpr,
-                PRECISION: tl.constexpr, TMA: tl.constexpr):
+                PRECISION: tl.constexpr, TMA: tl.constexpr,
+                TRACE_M=None, TRACE_L=None, TRACE_ACC=None, T_Q=0, TRACE: tl.constexpr = False):
     """Fold the keys ``[lo, hi)``, in ``BLOCK_N`` tiles, into the running ``(acc, l_i, m_i)`` of the query
     tile ``q [BLOCK_M, BLOCK_D]`` (rows ``offs_m``). ``MASK_T``: bounds-check the keys against ``T_K``
     and, with ``CAUSAL``, mask the keys after each row (scores ``-inf``); without it the loop has no
     ``where`` and no empty-row guard (every row sees every key of these tiles). ``K_base``, ``V_base``:
-    from :func:`head_base` (``TMA``: descriptors)."""
+    from :func:`head_base` (``TMA``: descriptors).
+
+    ``TRACE`` (off unless given): after each key tile, store the running state of the rows into the
+    trace buffers (:func:`trace_state`) -- for reading the kernel, not for speed. Off, the branch is not
+    compiled and the loop is the production one."""
     for start_n in range(lo, hi, BLOCK_N):
         k, v = load_key_tile(K_base, V_base, b, h, start_n, offs_n, offs_d, offs_dv, stride_kt, stride_kd,
                              stride_vt, stride_vd, T_K, D, DV, MASK_T=MASK_T, EVEN_D=EVEN_D, TMA=TMA)
@@ -177,7 +182,23 @@ def attend_keys(acc, l_i, m_i, q, K_base, V_base, b, h, lo, hi, offs_m, offs_n, 
                 valid = valid & (offs_kn[None, :] <= offs_m[:, None])
             s = tl.where(valid, s, float("-inf"))
         acc, l_i, m_i = online_softmax_update(acc, l_i, m_i, s, v, MAY_BE_EMPTY=MASK_T, PRECISION=PRECISION)
+        if TRACE:
+            trace_state(TRACE_M, TRACE_L, TRACE_ACC, start_n // BLOCK_N, acc, l_i, m_i, offs_m, offs_dv, T_Q, DV)
     return acc, l_i, m_i
+
+
+@triton.jit
+def trace_state(TRACE_M, TRACE_L, TRACE_ACC, tile, acc, l_i, m_i, offs_m, offs_dv, T_Q, DV):
+    """Store the running state after key tile ``tile``: ``m_i`` (base 2) and ``l_i`` at
+    ``[tile, offs_m]`` of the ``[n_tiles, T_Q]`` buffers ``TRACE_M``, ``TRACE_L``, and the unnormalised
+    ``acc`` at ``[tile, offs_m, :]`` of the ``[n_tiles, T_Q, DV]`` buffer ``TRACE_ACC`` (all float32,
+    contiguous, already offset to the program's (batch, head)). Rows past ``T_Q`` are not stored."""
+    rows = tile * T_Q + offs_m
+    in_seq = offs_m < T_Q
+    tl.store(TRACE_M + rows, m_i, mask=in_seq)
+    tl.store(TRACE_L + rows, l_i, mask=in_seq)
+    tl.store(TRACE_ACC + rows[:, None] * DV + offs_dv[None, :], acc,
+             mask=in_seq[:, None] & (offs_dv[None, :] < DV))
 
 
 @triton.jit
@@ -351,4 +372,5 @@ def backward_delta(o, do, dlse):
 
 __all__ = ["LN2", "LOG2E", "add_dq", "attend_keys", "backward_delta", "dkdv_over_queries", "dkdv_program_init",
            "dkdv_tile", "dq_over_keys", "dq_program_init", "dq_tile", "head_base", "load_key_tile", "load_row_stats",
-           "load_rows", "online_softmax_update", "softmax_bwd_preprocess_kernel", "softmax_init", "store_o_lse"]
+           "load_rows", "online_softmax_update", "softmax_bwd_preprocess_kernel", "softmax_init", "store_o_lse",
+           "trace_state"]

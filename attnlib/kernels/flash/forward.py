@@ -38,6 +38,12 @@ descriptors travel as kernel parameters; their box is the configuration's tile, 
 pre-hook (``launch.descriptor_blocks``). Everywhere else -- sm_80/sm_89, the interpreter, a Triton
 without descriptors, strides TMA cannot take -- the pointer path.
 
+Trace. The constexpr ``TRACE`` (False in every production launch, where its code is not compiled: the
+registers and shared memory of each configuration for sm_80 and sm_90 are what they were without it)
+makes every program store its running ``m_i``, ``l_i`` and ``acc`` after each key tile into trace
+buffers (``online_softmax.trace_state``). :func:`flash_attention_forward_traced` launches it at fixed
+tiles; ``attnlib.experiments.flash_walk`` reads one query tile's walk back, for the appendix.
+
 Tiles on a GPU are autotuned (keyed on the head dims, causality, and the power-of-two bucket of the
 length so that a new length does not re-tune) among the candidates ``launch.pruner`` keeps for the
 device: those whose shared memory (:func:`fwd_smem`) fits what the device offers, and, in half
@@ -61,7 +67,7 @@ from ..common.tiles import program_tile
 
 
 @triton.jit
-def _flash_fwd_kernel(Q, K, V, O, LSE,
+def _flash_fwd_kernel(Q, K, V, O, LSE, TRACE_M, TRACE_L, TRACE_ACC,
                       stride_qb, stride_qh, stride_qt, stride_qd,
                       stride_kb, stride_kh, stride_kt, stride_kd,
                       stride_vb, stride_vh, stride_vt, stride_vd,
@@ -69,7 +75,8 @@ def _flash_fwd_kernel(Q, K, V, O, LSE,
                       H, T_Q, T_K, D, DV, qk_scale, T_BUCKET,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                       BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
-                      CAUSAL: tl.constexpr, EVEN_D: tl.constexpr, PRECISION: tl.constexpr, TMA: tl.constexpr):
+                      CAUSAL: tl.constexpr, EVEN_D: tl.constexpr, PRECISION: tl.constexpr, TMA: tl.constexpr,
+                      TRACE: tl.constexpr):
     if CAUSAL:
         tl.static_assert(BLOCK_M % BLOCK_N == 0, "causal forward: BLOCK_N must divide BLOCK_M (the diagonal "
                                                  "stage starts at the program's first row)")
@@ -81,6 +88,11 @@ def _flash_fwd_kernel(Q, K, V, O, LSE,
     V_base = head_base(V, b, h, stride_vb, stride_vh, TMA)
 
     acc, l_i, m_i = softmax_init(BLOCK_M, BLOCK_DV)
+    if TRACE:   # this program's (batch, head) in the [B * H, n_key_tiles, T_Q(, DV)] trace buffers
+        trace_rows = pid_bh * tl.cdiv(T_K, BLOCK_N) * T_Q
+        TRACE_M += trace_rows
+        TRACE_L += trace_rows
+        TRACE_ACC += trace_rows * DV
 
     if CAUSAL:
         full_end = start_m                                  # tiles wholly left of the diagonal
@@ -92,12 +104,13 @@ def _flash_fwd_kernel(Q, K, V, O, LSE,
     # Stage 1: no masks. Every row sees every key of these tiles, so no row is empty.
     acc, l_i, m_i = attend_keys(acc, l_i, m_i, q, K_base, V_base, b, h, 0, full_end, offs_m, offs_n, offs_d, offs_dv,
                                 stride_kt, stride_kd, stride_vt, stride_vd, T_K, D, DV, qk_scale, BLOCK_N=BLOCK_N,
-                                MASK_T=False, CAUSAL=False, EVEN_D=EVEN_D, PRECISION=PRECISION, TMA=TMA)
+                                MASK_T=False, CAUSAL=False, EVEN_D=EVEN_D, PRECISION=PRECISION, TMA=TMA,
+                                TRACE_M=TRACE_M, TRACE_L=TRACE_L, TRACE_ACC=TRACE_ACC, T_Q=T_Q, TRACE=TRACE)
     # Stage 2: the diagonal (causal) and the ragged tail, masked.
     acc, l_i, m_i = attend_keys(acc, l_i, m_i, q, K_base, V_base, b, h, full_end, masked_end, offs_m, offs_n, offs_d,
                                 offs_dv, stride_kt, stride_kd, stride_vt, stride_vd, T_K, D, DV, qk_scale,
                                 BLOCK_N=BLOCK_N, MASK_T=True, CAUSAL=CAUSAL, EVEN_D=EVEN_D, PRECISION=PRECISION,
-                                TMA=TMA)
+                                TMA=TMA, TRACE_M=TRACE_M, TRACE_L=TRACE_L, TRACE_ACC=TRACE_ACC, T_Q=T_Q, TRACE=TRACE)
     # Only padded rows (>= T_Q) can have l = 0; LSE: contiguous [B, H, Tq].
     store_o_lse(O + b * stride_ob + h * stride_oh, LSE + pid_bh * T_Q, acc, l_i, m_i, offs_m, offs_dv,
                 stride_ot, stride_od, T_Q, DV)
@@ -210,13 +223,41 @@ def flash_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *
     tma = launch.tma_device(q.device) and launch.tma_compatible(q, k, v)
     grid = lambda meta: (triton.cdiv(T_Q, meta["BLOCK_M"]), B * H)  # noqa: E731
     launch_tiles(_flash_fwd, grid,
-                 [*launch.head_descriptors(tma, q, k, v), o, lse,
+                 [*launch.head_descriptors(tma, q, k, v), o, lse, None, None, None,
                   *q.stride(), *k.stride(), *v.stride(), *o.stride(),
                   H, T_Q, T_K, D, DV, scale * LOG2E.value, length_bucket(max(T_Q, T_K))],
                  dict(BLOCK_D=BLOCK_D, BLOCK_DV=BLOCK_DV, CAUSAL=causal, EVEN_D=(D == BLOCK_D and DV == BLOCK_DV),
-                      PRECISION=softmax_precision(q.dtype), TMA=tma),
+                      PRECISION=softmax_precision(q.dtype), TMA=tma, TRACE=False),
                  INTERPRET_FWD, FWD_BLOCKS)
     return o, lse
 
 
-__all__ = ["flash_attention_forward"]
+def flash_attention_forward_traced(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float,
+                                   causal: bool, block_m: int, block_n: int):
+    """The same kernel with ``TRACE`` on, at fixed tiles ``block_m x block_n`` and through pointer loads
+    (no autotuning: the trace's layout depends on ``BLOCK_N``). For reading the kernel on small inputs,
+    e.g. through the interpreter; ``attnlib.experiments.flash_walk`` validates the arguments.
+
+    Returns ``(o, lse, m2, l, acc)``: the kernel's outputs, then the running state after each key tile,
+    float32 ``[B, H, n_tiles, Tq]`` (``m2`` in base-2 units, ``l``) and ``[B, H, n_tiles, Tq, Dv]``
+    (``acc``, unnormalised). A tile a program never visits (above the causal diagonal) stays NaN.
+    """
+    B, H, T_Q, D = q.shape
+    T_K, DV = k.shape[2], v.shape[3]
+    launch.require_launchable(q, D, DV)
+    n_tiles = triton.cdiv(T_K, block_n)
+    o = torch.empty(B, H, T_Q, DV, device=q.device, dtype=q.dtype)
+    lse = torch.empty(B, H, T_Q, device=q.device, dtype=torch.float32)
+    m2, l_run = (torch.full((B, H, n_tiles, T_Q), float("nan"), device=q.device) for _ in range(2))
+    acc = torch.full((B, H, n_tiles, T_Q, DV), float("nan"), device=q.device)
+    BLOCK_D, BLOCK_DV = launch.head_block(D), launch.head_block(DV)
+    _flash_fwd_kernel[(triton.cdiv(T_Q, block_m), B * H)](
+        q, k, v, o, lse, m2, l_run, acc, *q.stride(), *k.stride(), *v.stride(), *o.stride(),
+        H, T_Q, T_K, D, DV, scale * LOG2E.value, length_bucket(max(T_Q, T_K)),
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=BLOCK_D, BLOCK_DV=BLOCK_DV, CAUSAL=causal,
+        EVEN_D=(D == BLOCK_D and DV == BLOCK_DV), PRECISION=softmax_precision(q.dtype), TMA=False, TRACE=True,
+        num_warps=4, num_stages=1)
+    return o, lse, m2, l_run, acc
+
+
+__all__ = ["flash_attention_forward", "flash_attention_forward_traced"]
