@@ -353,7 +353,21 @@ def _figure_builders():
                                        torch.randn(1, 6, 8, generator=g), 5, 2, tokens=list("abcdef")),
         "plucker_features": lambda: wg.features_figure(torch.randn(10, 6, generator=g, dtype=torch.float64),
                                                        [3, 6], [1, 4]),
+        "topk_map": _topk_map,
+        "topk_recall": lambda: _topk_widgets().recall_figure([2, 4], {"a": ([.2, .4], [.01, .02])}, title="recall",
+                                                             oracle=([.8, .9], [0, 0]), untrained=([.1, .2], [0, 0])),
     }
+
+
+def _topk_widgets():
+    from attnlib.widgets import topk
+    return topk
+
+
+def _topk_map():
+    from attnlib.experiments import topk as xt
+    m = xt.mechanism_map(10, 4, [1, 3, 10], generator=torch.Generator().manual_seed(0))
+    return _topk_widgets().mechanism_map_figure(m["plan"], m["scores"], m["ks"], m["restricted"], m["lost"])
 
 
 def _plane_mixing():
@@ -423,7 +437,7 @@ def test_legends_sit_outside_the_plot_and_off_the_slider(built, name):
     assert orientation == "h", name
 
 
-NO_SLIDER = ("planes", "pair", "conditions", "collision", "work", "error_curves", "curves")
+NO_SLIDER = ("planes", "pair", "conditions", "collision", "work", "error_curves", "curves", "topk_recall")
 
 
 @pytest.mark.parametrize("name", [n for n in FIGURES if n not in NO_SLIDER])
