@@ -313,11 +313,12 @@ def recall(plan: torch.Tensor, scores: torch.Tensor, ks, *, first_row: int) -> l
 
 def recall_grid(configs, ks, seeds, *, T: int = 128, batch: int = 16, task: dict | None = None,
                 dense_steps: int = 150, sparse_steps: int = 50, train_k: int | None = None,
-                lr: float = 3e-3) -> dict:
+                lr: float = 3e-3, device: str | torch.device = "cpu") -> dict:
     """Recall ``p(S)`` against ``k`` for indexers of each ``(H_I, d_I)`` in ``configs``, each trained
     from each seed (its own generator: initial weights, training batches, and a held-out batch), beside
     the same indexer untrained (random) and the oracle (the teacher's own top-k: an upper bound).
     Rows ``t >= T / 2`` are scored (each sees at least ``T / 2`` keys; ``ks`` should stay below that).
+    The data are drawn on the CPU (so a seed gives the same task everywhere) and trained on ``device``.
 
     Returns ``{"ks", "configs", "trained" [C, S, K], "untrained" [C, S, K], "oracle" [S, K],
     "final_loss" [C, S]}`` (float64 tensors)."""
@@ -327,15 +328,19 @@ def recall_grid(configs, ks, seeds, *, T: int = 128, batch: int = 16, task: dict
     trained = torch.zeros(len(configs), len(seeds), len(ks), dtype=F64)
     untrained, final = torch.zeros_like(trained), torch.zeros(len(configs), len(seeds), dtype=F64)
     oracle = torch.zeros(len(seeds), len(ks), dtype=F64)
+    def draw(g):
+        t = planted_task(batch, T, generator=g, **task)
+        return PlantedTask(t.states.to(device), t.plan.to(device), t.planted.to(device))
+
     for si, seed in enumerate(seeds):
-        test = planted_task(batch, T, generator=torch.Generator().manual_seed(seed + 7919), **task)
+        test = draw(torch.Generator().manual_seed(seed + 7919))
         oracle[si] = torch.tensor(recall(test.plan, test.plan, ks, first_row=T // 2))
         for ci, (H_I, d_I) in enumerate(configs):
             g = torch.Generator().manual_seed(seed * 1009 + ci)
-            ix = Indexer(test.states.shape[-1], H_I, d_I, generator=g)
+            ix = Indexer(test.states.shape[-1], H_I, d_I, generator=g).to(device)
             with torch.no_grad():
                 untrained[ci, si] = torch.tensor(recall(test.plan, ix.scores(test.states), ks, first_row=T // 2))
-            losses = train_indexer(ix, lambda: planted_task(batch, T, generator=g, **task), dense_steps=dense_steps,
+            losses = train_indexer(ix, lambda: draw(g), dense_steps=dense_steps,
                                    sparse_steps=sparse_steps, top_k=train_k, lr=lr)
             final[ci, si] = sum(losses[-10:]) / 10
             with torch.no_grad():
