@@ -355,6 +355,9 @@ def _figure_builders():
                                                        [3, 6], [1, 4]),
         "flash_walk": _flash_walk,
         "roofline": _roofline,
+        "topk_map": _topk_map,
+        "topk_recall": lambda: _topk_widgets().recall_figure([2, 4], {"a": ([.2, .4], [.01, .02])}, title="recall",
+                                                             oracle=([.8, .9], [0, 0]), untrained=([.1, .2], [0, 0])),
     }
 
 
@@ -383,6 +386,17 @@ def _roofline():
     points = [dict(op="softmax", shape="1x1x8x4", intensity=900.0), dict(op="linear", shape="1x1x8x4", intensity=40.0)]
     measured = [dict(device="NVIDIA H200", shape="1x1x8x4", dtype="bf16", causal=True, intensity=900.0, tflops=300.0)]
     return roofline_figure(points, [PEAKS["NVIDIA H100"], PEAKS["NVIDIA H200"]], measured)
+
+
+def _topk_widgets():
+    from attnlib.widgets import topk
+    return topk
+
+
+def _topk_map():
+    from attnlib.experiments import topk as xt
+    m = xt.mechanism_map(10, 4, [1, 3, 10], generator=torch.Generator().manual_seed(0))
+    return _topk_widgets().mechanism_map_figure(m["plan"], m["scores"], m["ks"], m["restricted"], m["lost"])
 
 
 def _plane_mixing():
@@ -452,7 +466,8 @@ def test_legends_sit_outside_the_plot_and_off_the_slider(built, name):
     assert orientation == "h", name
 
 
-NO_SLIDER = ("planes", "pair", "conditions", "collision", "work", "error_curves", "curves", "roofline")
+NO_SLIDER = ("planes", "pair", "conditions", "collision", "work", "error_curves", "curves", "roofline",
+             "topk_recall")
 
 
 @pytest.mark.parametrize("name", [n for n in FIGURES if n not in NO_SLIDER])

@@ -9,6 +9,7 @@ dispatch; the experiments that chapters run on them live here, one submodule per
     anna     chapter 5's tasks (match2, k-hop induction), collision rates, the (c, r) conditions
     grassmann  chapter 6's corpus, GrassmannLM and TransformerLM, training, counted FLOPs
     kernels  what the chunked kernels move, launch by launch, read from the static kernel report
+    topk     chapter 7's top-k layer: the transport reading, the blind needle, the trained indexer, cost
     weights  the [T, T] weights each mechanism puts on the values (the operator applied to v = I)
     landscape  chapter 7: every mechanism's cost on one set of axes, crossovers, published designs
     flash_walk  the flash forward kernel's running state, key tile by key tile (the appendix)
@@ -17,7 +18,7 @@ dispatch; the experiments that chapters run on them live here, one submodule per
 Chapters add their own submodule with one import line below.
 """
 
-from . import anna, flash_walk, grassmann, kernels, landscape, linear, mqar, recall, roofline, weights
+from . import anna, flash_walk, grassmann, kernels, landscape, linear, mqar, recall, roofline, topk, weights
 
 __all__ = ["anna", "flash_walk", "grassmann", "kernels", "landscape", "linear", "mqar", "recall", "roofline",
-           "weights"]
+           "topk", "weights"]

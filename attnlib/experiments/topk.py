@@ -1,0 +1,429 @@
+"""Chapter 7's top-k layer, measured: the transport reading, the needle against the indexer, the indexer
+trained as DeepSeek trains it, and the cost on counted work.
+
+The operator itself (index scores, causal top-k selection, softmax over the selected keys, the
+indexer's KL loss) is :mod:`attnlib.topk`; chapter 1's one-sided transport solver is :mod:`attnlib.eot`;
+chapter 2's planted needle and its closed forms are :mod:`attnlib.needle`. This module only runs them:
+
+* :func:`transport_reading` -- a row's plan ``p``, its restriction to the selected set ``S``
+  renormalised (``p~``), and the three facts the chapter states about them, each measured against
+  something independent of :func:`attnlib.topk.topk_attention`: ``p~`` is chapter 1's one-sided
+  entropic plan on the columns of ``S`` (solved by Newton's method, no softmax); ``||p - p~||_1 =
+  2 (1 - p(S))``; the output moves by at most ``2 (1 - p(S)) max_s ||v_s||``
+  (:func:`tight_values` attains it).
+* :func:`mechanism_map` -- the dense plan, the index scores and the restricted plan at several ``k``.
+* :func:`blind_needle` -- chapter 2's needle whose *index key* sits where every index query's ReLU is 0.
+* :class:`Indexer`, :func:`planted_task`, :func:`train_indexer`, :func:`recall_grid` -- a teacher
+  attention over planted needles in a power-law tail, the indexer trained on it (dense KL warm-up, then
+  the KL on the selected set), and its recall ``p(S)`` against ``k``, ``H_I`` and ``d_I``.
+* :func:`per_pair_flops`, :func:`topk_attention_flops`, :func:`break_even_length` -- counted FLOPs
+  (``torch.utils.flop_counter`` on the references, on the ``meta`` device) and ``L* = k / (1 - r)``.
+
+Every random choice comes from a ``torch.Generator`` the caller passes in.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from .. import _validate, eot, needle
+from ..attention import softmax_attention_reference
+from ..topk import (
+    index_scores,
+    index_scores_reference,
+    indexer_kl_loss,
+    selection_mask,
+    topk_attention,
+    topk_attention_reference,
+    topk_select,
+)
+from .linear import count_flops
+
+F64 = torch.float64
+
+# DeepSeek-V3.2-Exp's configuration (``inference/config_671B_v3.2.json`` of deepseek-ai/DeepSeek-V3.2-Exp):
+# 128 attention heads; MLA with a 512-dim latent (kv_lora_rank) and a 64-dim rotary part; the indexer's
+# 64 heads of dim 128 and k = 2048.
+DEEPSEEK_V32 = dict(n_heads=128, kv_lora_rank=512, qk_rope_head_dim=64, index_n_heads=64, index_head_dim=128,
+                    index_topk=2048)
+
+
+def _check_generator(generator) -> torch.Generator:
+    if not isinstance(generator, torch.Generator):
+        raise TypeError(f"generator must be a torch.Generator (every random choice flows from it); "
+                        f"got {type(generator).__name__}")
+    return generator
+
+
+# ---------------------------------------------------------------------------------------------
+# 1. The transport reading
+# ---------------------------------------------------------------------------------------------
+
+def dense_plan(q: torch.Tensor, k: torch.Tensor, *, scale: float | None = None, causal: bool = True) -> torch.Tensor:
+    """Softmax attention's plan ``[B, H, Tq, Tk]`` (float64): the operator applied to one-hot values."""
+    D, Tk = q.shape[-1], k.shape[-2]
+    scale = 1.0 / math.sqrt(D) if scale is None else scale
+    eye = torch.eye(Tk, dtype=F64).expand(*k.shape[:2], Tk, Tk)
+    return softmax_attention_reference(q.double(), k.double(), eye, scale=scale, causal=causal)[0]
+
+
+def restrict(p: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``p`` restricted to ``mask`` and renormalised along the last dim (the chapter's ``p~``)."""
+    kept = torch.where(mask, p, torch.zeros_like(p))
+    return kept / kept.sum(-1, keepdim=True)
+
+
+def eot_plan_on_support(cost_row: torch.Tensor, support: torch.Tensor, eps: float) -> torch.Tensor:
+    """Chapter 1's one-sided entropic plan for one row whose keys are only ``support`` (bool ``[Tk]``):
+    :func:`attnlib.eot.solve_one_sided` (Newton, no softmax) on those columns, 0 elsewhere -- the
+    plan with cost ``+inf`` off the support. ``cost_row [Tk]`` float64."""
+    plan = torch.zeros_like(cost_row)
+    plan[support] = eot.solve_one_sided(cost_row[support][None], eps)[0]
+    return plan
+
+
+def transport_reading(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, indices: torch.Tensor, *,
+                      causal: bool = True) -> dict[str, torch.Tensor]:
+    """The three facts, measured row by row for one sequence and head (``q, k: [1, 1, T, D]``,
+    ``v: [1, 1, T, Dv]``, ``indices [1, 1, T, n]`` from :func:`attnlib.topk.topk_select`).
+
+    Returns per-row float64 tensors ``[T]``: ``mass`` ``p(S)``; ``l1`` ``||p - p~||_1``; ``eot_gap``
+    ``max |p~ - eot plan on S|`` (chapter 1's solver, independent of softmax); ``operator_gap``
+    ``max |p~ - topk_attention's row|`` (the operator on one-hot values); ``output_error``
+    ``||o - o~||_2`` for the given ``v``, and ``bound`` ``2 (1 - p(S)) max_s ||v_s||`` over the row's
+    visible keys."""
+    T, D = q.shape[-2], q.shape[-1]
+    scale = 1.0 / math.sqrt(D)
+    p = dense_plan(q, k, scale=scale, causal=causal)[0, 0]                       # [T, T]
+    mask = selection_mask(indices, T)[0, 0]                                      # [T, T]
+    pt = restrict(p, mask)
+    mass = (p * mask).sum(-1)
+    cost = -scale * (q.double() @ k.double().transpose(-1, -2))[0, 0]           # C = -scale q.k, eps = 1
+    eot_rows = torch.stack([eot_plan_on_support(cost[t], mask[t], 1.0) for t in range(T)])
+    eye = torch.eye(T, dtype=F64)[None, None]
+    op = topk_attention_reference(q.double(), k.double(), eye, indices, scale=scale)[0][0, 0]
+    o = p @ v.double()[0, 0]
+    o_t = pt @ v.double()[0, 0]
+    vnorm = v.double()[0, 0].norm(dim=-1)                                        # [T]
+    visible = torch.ones(T, T, dtype=torch.bool).tril() if causal else torch.ones(T, T, dtype=torch.bool)
+    vmax = torch.where(visible, vnorm[None, :], torch.zeros(())).max(-1).values
+    return dict(mass=mass, l1=(p - pt).abs().sum(-1), eot_gap=(pt - eot_rows).abs().max(-1).values,
+                operator_gap=(pt - op).abs().max(-1).values, output_error=(o - o_t).norm(dim=-1),
+                bound=2 * (1 - mass) * vmax)
+
+
+def tight_values(mask_row: torch.Tensor, direction: torch.Tensor) -> torch.Tensor:
+    """Values that attain the bound on one row: ``+u`` on the selected keys, ``-u`` off them (``u`` the
+    unit ``direction``). Then ``o~ - o = 2 (1 - p(S)) u`` exactly. Returns ``[Tk, Dv]`` float64."""
+    u = direction.double() / direction.double().norm()
+    sign = torch.where(mask_row, 1.0, -1.0).to(F64)
+    return sign[:, None] * u[None, :]
+
+
+def random_rows(T: int, d: int, *, generator: torch.Generator, spread: float = 2.0):
+    """Random ``q, k, v [1, 1, T, d]`` (float64) with logits of standard deviation about ``spread``."""
+    g = _check_generator(generator)
+    q, k, v = (torch.randn(1, 1, T, d, generator=g, dtype=F64) for _ in range(3))
+    return q * math.sqrt(spread), k * math.sqrt(spread), v          # scale q.k = q.k / sqrt(d): spread^1
+
+
+# ---------------------------------------------------------------------------------------------
+# 2. The mechanism map: the plan, the indexer's scores, the restricted plan
+# ---------------------------------------------------------------------------------------------
+
+def noisy_indexer(q: torch.Tensor, k: torch.Tensor, *, n_heads: int, noise: float,
+                  generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """An indexer that sees the attention through noise: index key ``k_s`` (shared), index queries
+    ``q_t + noise * z_{t,j}`` for ``j = 1..n_heads``, weights ``1 / n_heads``. Its scores
+    ``mean_j ReLU((q_t + noise z) . k_s)`` rank keys roughly as the attention does, but not exactly.
+    Inputs ``[1, 1, T, d]``; returns ``(index_q [1, H_I, T, d], index_k [1, 1, T, d], index_w [1, H_I, T])``."""
+    g = _check_generator(generator)
+    T, d = q.shape[-2:]
+    z = torch.randn(1, n_heads, T, d, generator=g, dtype=F64)
+    index_q = q.double().expand(1, n_heads, T, d) + noise * z * q.double().norm(dim=-1, keepdim=True)
+    return index_q, k.double(), torch.full((1, n_heads, T), 1.0 / n_heads, dtype=F64)
+
+
+def mechanism_map(T: int, d: int, ks, *, generator: torch.Generator, n_heads: int = 4,
+                  noise: float = 0.6, spread: float = 3.0) -> dict:
+    """What chapter 7's map draws, computed: for one random causal head of ``T`` tokens, the dense
+    plan ``[T, T]``, the index scores ``[T, T]`` (causal part; ``nan`` above the diagonal), and for
+    each ``k`` in ``ks`` the selection mask, the restricted renormalised plan and each row's lost mass
+    ``1 - p(S)``."""
+    g = _check_generator(generator)
+    q = torch.randn(1, 1, T, d, generator=g, dtype=F64) * math.sqrt(spread) / d ** 0.25
+    k = torch.randn(1, 1, T, d, generator=g, dtype=F64) * math.sqrt(spread) / d ** 0.25
+    iq, ik, iw = noisy_indexer(q, k, n_heads=n_heads, noise=noise, generator=g)
+    p = dense_plan(q, k)[0, 0]
+    scores = index_scores(iq, ik, iw)
+    causal = torch.ones(T, T, dtype=torch.bool).tril()
+    out = dict(plan=p, scores=torch.where(causal, scores[0, 0], float("nan")), ks=[int(x) for x in ks],
+               masks=[], restricted=[], lost=[])
+    for kk in out["ks"]:
+        mask = selection_mask(topk_select(scores, kk), T)[0, 0]
+        out["masks"].append(mask)
+        out["restricted"].append(restrict(p, mask))
+        out["lost"].append(1 - (p * mask).sum(-1))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# 3. Chapter 2 again: a needle the indexer cannot see
+# ---------------------------------------------------------------------------------------------
+
+def blind_needle(T: int, M: float, top_k: int, *, d: int = 8, d_index: int = 8, n_index_heads: int = 4,
+                 hide: bool = True, generator: torch.Generator) -> dict:
+    """Chapter 2's planted needle (:func:`attnlib.needle.plant`: row ``i = T - 1``, key ``j = 1``, score
+    ``M``, every other score 0, one-hot values) fed to the top-k layer with an indexer that scores every
+    pair. Index queries and the haystack's index keys lie in the positive orthant (all their index
+    scores are > 0); with ``hide`` the needle's index key is ``-(1, ..., 1)``, where every index query's
+    ReLU is 0, so its index score is exactly 0 -- the lowest of the row -- and with ``top_k <= T - 2``
+    it is never selected. ``hide=False`` puts the needle's index key far out in the positive orthant:
+    the indexer fetches it.
+
+    Returns ``error`` (``||exact row - top-k row||_1``), ``closed_form`` (chapter 2's
+    :func:`attnlib.needle.uniform_miss_error` for ``top_k`` keys seen, none the needle),
+    ``needle_score`` and ``lowest_haystack_score`` (the needle's index score and the smallest other
+    one on row ``i``), and ``selected_needle`` (bool)."""
+    g = _check_generator(generator)
+    T = _validate.check_int("T", T, lo=3)
+    top_k = _validate.check_int("top_k", top_k, lo=1, hi=T - 2, why=" (the row must leave a key out)")
+    case = needle.plant(T, d, T - 1, 1, M, dtype=F64)
+    iq = torch.rand(1, n_index_heads, T, d_index, generator=g, dtype=F64) + 0.1
+    ik = torch.rand(1, 1, T, d_index, generator=g, dtype=F64) + 0.1
+    ik[0, 0, case.j] = -1.0 if hide else 10.0
+    iw = torch.rand(1, n_index_heads, T, generator=g, dtype=F64) + 0.1
+    o, idx = topk_attention(case.q, case.k, case.v, iq, ik, iw, top_k=top_k, scale=case.scale,
+                            return_indices=True)
+    row = o[0, 0, case.i]
+    exact = needle.exact_rows(case)[case.i]
+    scores = index_scores(iq, ik, iw)[0, 0, case.i]
+    others = torch.cat([scores[:case.j], scores[case.j + 1:]])
+    return dict(error=float((exact - row).abs().sum()), closed_form=needle.uniform_miss_error(T, top_k, M),
+                needle_score=float(scores[case.j]), lowest_haystack_score=float(others.min()),
+                selected_needle=bool((idx[0, 0, case.i] == case.j).any()), needle_mass=needle.needle_mass(T, M))
+
+
+# ---------------------------------------------------------------------------------------------
+# 4. The indexer trained as DeepSeek trains it
+# ---------------------------------------------------------------------------------------------
+
+@dataclass
+class PlantedTask:
+    """A batch of the planted task. ``states [B, T, 2 d_c + 2]`` the token states the indexer reads;
+    ``plan [B, 1, T, T]`` the teacher's causal attention on them (its target); ``planted [B, T, T]``
+    the needles (bool)."""
+    states: torch.Tensor
+    plan: torch.Tensor
+    planted: torch.Tensor
+
+
+def planted_task(batch: int, T: int, *, content_dim: int = 32, n_planted: int = 16, beta: float = 5.0,
+                 tail: float = 1.0, generator: torch.Generator) -> PlantedTask:
+    """Planted needles in a power-law tail, read by a teacher softmax attention.
+
+    Token ``s`` carries a key content ``u_s ~ N(0, I / d_c)``, a query content ``g_s = sum_{r in P_s} u_r``
+    (``P_s``: ``n_planted`` earlier tokens, its needles) and a salience ``z_s = -tail * log(rank_s)``
+    (``rank_s`` a random permutation of ``1..T``). The teacher is one softmax head with query
+    ``(beta g_t, 1)`` and key ``(u_s, z_s)``: logit ``beta g_t . u_s + z_s``, so each row puts mass on its
+    needles (logit about ``beta``) over a background whose weights fall off like ``rank^-tail``, blurred
+    by the needles' crosstalk (``g_t . u_s`` has spread ``sqrt(n_planted / d_c)`` off the needles).
+    The states the indexer reads are ``(u_s, g_s, z_s, 1)``."""
+    g = _check_generator(generator)
+    u = torch.randn(batch, T, content_dim, generator=g) / math.sqrt(content_dim)
+    # needles: n_planted earlier positions per token (all of them while fewer exist)
+    score = torch.rand(batch, T, T, generator=g).masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(-1), -1.0)
+    top = score.topk(min(n_planted, T), dim=-1).indices
+    planted = torch.zeros(batch, T, T, dtype=torch.bool).scatter_(-1, top, True) & (score >= 0)
+    gq = planted.float() @ u
+    rank = torch.argsort(torch.rand(batch, T, generator=g), dim=-1).float() + 1
+    z = -tail * torch.log(rank)
+    states = torch.cat([u, gq, z[..., None], torch.ones(batch, T, 1)], dim=-1)
+    q = torch.cat([beta * gq, torch.ones(batch, T, 1)], dim=-1)[:, None]
+    k = torch.cat([u, z[..., None]], dim=-1)[:, None]
+    logits = (q @ k.transpose(-1, -2)).masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(), float("-inf"))
+    plan = torch.softmax(logits, dim=-1)                 # the teacher's weights (softmax_attention on v = I)
+    return PlantedTask(states=states, plan=plan, planted=planted)
+
+
+class Indexer(torch.nn.Module):
+    """DeepSeek's lightning indexer read from token states ``x [B, T, d]``: index queries
+    ``x W_q -> [B, H_I, T, d_I]``, one shared index key ``x W_k -> [B, 1, T, d_I]``, weights
+    ``x W_w -> [B, H_I, T]`` times ``H_I^{-1/2} d_I^{-1/2}`` (the factor DeepSeek folds into the weights).
+    Initialised from ``generator`` (fan-in scaled Gaussians)."""
+
+    def __init__(self, d_state: int, n_heads: int, head_dim: int, *, generator: torch.Generator):
+        super().__init__()
+        g = _check_generator(generator)
+        self.n_heads = _validate.check_int("n_heads", n_heads, lo=1)
+        self.head_dim = _validate.check_int("head_dim", head_dim, lo=1)
+
+        def init(*shape):
+            return torch.nn.Parameter(torch.randn(*shape, generator=g) / math.sqrt(shape[0]))
+
+        self.W_q = init(d_state, n_heads * head_dim)        # index queries, H_I heads
+        self.W_k = init(d_state, head_dim)                  # the one index key, shared by the heads
+        self.W_w = init(d_state, n_heads)                   # each head's weight, per query
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        B, T, _ = x.shape
+        iq = (x @ self.W_q).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
+        ik = (x @ self.W_k)[:, None]
+        iw = (x @ self.W_w).transpose(1, 2) / math.sqrt(self.n_heads * self.head_dim)
+        return iq, ik, iw
+
+    def scores(self, x: torch.Tensor) -> torch.Tensor:
+        return index_scores(*self(x))
+
+
+def train_indexer(indexer: Indexer, task_fn, *, dense_steps: int, sparse_steps: int, top_k: int,
+                  lr: float = 3e-3) -> list[float]:
+    """DeepSeek-V3.2's two stages for the indexer alone (the teacher is fixed): ``dense_steps`` of
+    ``KL(p_t || softmax(I_t))`` over every visible key, then ``sparse_steps`` with the KL restricted to
+    the ``top_k`` keys the indexer itself selects. The indexer's input is detached (it learns from the
+    attention, never the reverse). ``task_fn()`` returns a fresh :class:`PlantedTask` batch per step.
+    Adam; returns the loss per step (mean KL per query)."""
+    opt = torch.optim.Adam(indexer.parameters(), lr=lr)
+    losses = []
+    for step in range(dense_steps + sparse_steps):
+        task = task_fn()
+        I = indexer.scores(task.states.detach())
+        selected = None if step < dense_steps else topk_select(I.detach(), top_k)
+        loss = indexer_kl_loss(task.plan, I, selected).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+def recall(plan: torch.Tensor, scores: torch.Tensor, ks, *, first_row: int) -> list[float]:
+    """Mean ``p(S)`` -- the teacher's mass on the ``k`` keys the scores select -- over rows
+    ``t >= first_row`` of every sequence, for each ``k`` in ``ks``. ``plan, scores [B, 1, T, T]``."""
+    T = plan.shape[-1]
+    out = []
+    for k in ks:
+        mask = selection_mask(topk_select(scores, int(k)), T)
+        out.append(float((plan * mask).sum(-1)[..., first_row:].mean()))
+    return out
+
+
+def recall_grid(configs, ks, seeds, *, T: int = 128, batch: int = 16, task: dict | None = None,
+                dense_steps: int = 150, sparse_steps: int = 50, train_k: int | None = None,
+                lr: float = 3e-3, device: str | torch.device = "cpu") -> dict:
+    """Recall ``p(S)`` against ``k`` for indexers of each ``(H_I, d_I)`` in ``configs``, each trained
+    from each seed (its own generator: initial weights, training batches, and a held-out batch), beside
+    the same indexer untrained (random) and the oracle (the teacher's own top-k: an upper bound).
+    Rows ``t >= T / 2`` are scored (each sees at least ``T / 2`` keys; ``ks`` should stay below that).
+    The data are drawn on the CPU (so a seed gives the same task everywhere) and trained on ``device``.
+
+    Returns ``{"ks", "configs", "trained" [C, S, K], "untrained" [C, S, K], "oracle" [S, K],
+    "final_loss" [C, S]}`` (float64 tensors)."""
+    task = dict(task or {})
+    ks = [int(k) for k in ks]
+    train_k = train_k if train_k is not None else max(ks)
+    trained = torch.zeros(len(configs), len(seeds), len(ks), dtype=F64)
+    untrained, final = torch.zeros_like(trained), torch.zeros(len(configs), len(seeds), dtype=F64)
+    oracle = torch.zeros(len(seeds), len(ks), dtype=F64)
+    def draw(g):
+        t = planted_task(batch, T, generator=g, **task)
+        return PlantedTask(t.states.to(device), t.plan.to(device), t.planted.to(device))
+
+    for si, seed in enumerate(seeds):
+        test = draw(torch.Generator().manual_seed(seed + 7919))
+        oracle[si] = torch.tensor(recall(test.plan, test.plan, ks, first_row=T // 2))
+        for ci, (H_I, d_I) in enumerate(configs):
+            g = torch.Generator().manual_seed(seed * 1009 + ci)
+            ix = Indexer(test.states.shape[-1], H_I, d_I, generator=g).to(device)
+            with torch.no_grad():
+                untrained[ci, si] = torch.tensor(recall(test.plan, ix.scores(test.states), ks, first_row=T // 2))
+            losses = train_indexer(ix, lambda: draw(g), dense_steps=dense_steps,
+                                   sparse_steps=sparse_steps, top_k=train_k, lr=lr)
+            final[ci, si] = sum(losses[-10:]) / 10
+            with torch.no_grad():
+                trained[ci, si] = torch.tensor(recall(test.plan, ix.scores(test.states), ks, first_row=T // 2))
+    return dict(ks=ks, configs=[tuple(c) for c in configs], trained=trained, untrained=untrained, oracle=oracle,
+                final_loss=final)
+
+
+# ---------------------------------------------------------------------------------------------
+# 5. Cost on counted work
+# ---------------------------------------------------------------------------------------------
+
+def _meta(*shape):
+    return torch.empty(*shape, device="meta")
+
+
+def indexer_flops(L_q: int, L_k: int, n_heads: int, head_dim: int) -> int:
+    """Counted FLOPs of :func:`attnlib.topk.index_scores_reference` for ``L_q`` queries and ``L_k`` keys
+    (matrix products only: the ReLU-weighted sum over heads is ``2 H_I`` more per pair, uncounted)."""
+    return count_flops(lambda: index_scores_reference(_meta(1, n_heads, L_q, head_dim), _meta(1, 1, L_k, head_dim),
+                                                      _meta(1, n_heads, L_q)))
+
+
+def attention_flops(L_q: int, L_k: int, n_heads: int, d_qk: int, d_v: int) -> int:
+    """Counted FLOPs of dense softmax attention (:func:`attnlib.attention.softmax_attention_reference`,
+    non-causal: every pair) with ``n_heads`` heads."""
+    return count_flops(lambda: softmax_attention_reference(_meta(1, n_heads, L_q, d_qk), _meta(1, n_heads, L_k, d_qk),
+                                                           _meta(1, n_heads, L_k, d_v), scale=1.0))
+
+
+def topk_attention_flops(L_q: int, L_k: int, top_k: int, n_heads: int, d_qk: int, d_v: int) -> int:
+    """Counted FLOPs of :func:`attnlib.topk.topk_attention_reference` (the attention over ``top_k``
+    gathered keys per query; the selection is given)."""
+    idx = torch.empty(1, 1, L_q, top_k, dtype=torch.int64, device="meta")
+    return count_flops(lambda: topk_attention_reference(_meta(1, n_heads, L_q, d_qk), _meta(1, n_heads, L_k, d_qk),
+                                                        _meta(1, n_heads, L_k, d_v), idx, scale=1.0))
+
+
+def mla_mqa_dims(config: dict = DEEPSEEK_V32) -> dict[str, int]:
+    """MLA in its MQA mode (DeepSeek-V3.2's sparse decoding): ``n_heads`` query heads share one key of
+    dim ``d_c + d_r`` (the latent and the rotary part) and one value of dim ``d_c`` (the latent)."""
+    d_c, d_r = config["kv_lora_rank"], config["qk_rope_head_dim"]
+    return dict(n_heads=config["n_heads"], d_qk=d_c + d_r, d_v=d_c)
+
+
+def per_pair_flops(config: dict = DEEPSEEK_V32, *, length: int = 64) -> dict[str, float]:
+    """Counted FLOPs per (query, key) pair of the indexer and of MLA's attention (MQA mode), and their
+    ratio ``r``, for a DeepSeek-V3.2-shaped layer (counted on ``length`` x ``length`` meta tensors)."""
+    mla = mla_mqa_dims(config)
+    pairs = length * length
+    idx = indexer_flops(length, length, config["index_n_heads"], config["index_head_dim"]) / pairs
+    att = attention_flops(length, length, mla["n_heads"], mla["d_qk"], mla["d_v"]) / pairs
+    return dict(indexer=idx, attention=att, ratio=idx / att)
+
+
+def break_even_length(top_k: int, ratio: float) -> float:
+    """``L* = k / (1 - r)``: per query, the top-k layer costs ``r L + k`` attention-pairs (the indexer
+    scores all ``L`` keys, the attention reads ``k``) against dense attention's ``L``."""
+    if not 0 <= ratio < 1:
+        raise ValueError(f"ratio must be in [0, 1) (an indexer cheaper than the attention); got {ratio}")
+    return top_k / (1.0 - ratio)
+
+
+def decode_flops(L: int, config: dict = DEEPSEEK_V32, *, top_k: int | None = None) -> dict[str, int]:
+    """Counted FLOPs of one decoding query at context ``L`` (one query, ``L`` keys): dense MLA (MQA
+    mode) and the top-k layer (the indexer over ``L`` keys plus the attention over ``min(k, L)``)."""
+    mla = mla_mqa_dims(config)
+    k = config["index_topk"] if top_k is None else top_k
+    dense = attention_flops(1, L, mla["n_heads"], mla["d_qk"], mla["d_v"])
+    sparse = indexer_flops(1, L, config["index_n_heads"], config["index_head_dim"]) + \
+        topk_attention_flops(1, L, min(k, L), mla["n_heads"], mla["d_qk"], mla["d_v"])
+    return dict(dense=dense, sparse=sparse)
+
+
+def cache_elements_per_token(config: dict = DEEPSEEK_V32) -> dict[str, int]:
+    """What one token leaves in the cache, per layer (elements): MLA's latent and rotary key
+    (``d_c + d_r``), and with the indexer its index key too (``d_I``). Every token stays a candidate for
+    every later query, so nothing is evicted: the cache does not shrink, it grows by the index key."""
+    dense = config["kv_lora_rank"] + config["qk_rope_head_dim"]
+    return dict(dense=dense, topk=dense + config["index_head_dim"])
+
+
+__all__ = ["DEEPSEEK_V32", "dense_plan", "restrict", "eot_plan_on_support", "transport_reading", "tight_values",
+           "random_rows", "noisy_indexer", "mechanism_map", "blind_needle", "PlantedTask", "planted_task", "Indexer",
+           "train_indexer", "recall", "recall_grid", "indexer_flops", "attention_flops", "topk_attention_flops",
+           "mla_mqa_dims", "per_pair_flops", "break_even_length", "decode_flops", "cache_elements_per_token"]

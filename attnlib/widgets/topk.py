@@ -1,0 +1,106 @@
+"""Chapter 7's top-k layer: its mechanism map, and recall against k.
+
+Drawing only: the plans, scores, selections and recalls are computed by
+:mod:`attnlib.experiments.topk` (on :mod:`attnlib.topk`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from ._slider import add_frame_slider
+from ._style import PLAN_SCALE, colour
+from .curves import curves_figure
+
+LOST_COLOUR = colour(1)
+
+
+def _r(x, digits: int = 4) -> np.ndarray:
+    """float32, rounded: the figure's JSON carries what the eye can see, not 17 digits."""
+    return np.round(np.asarray(x, dtype=np.float64), digits).astype(np.float32)
+
+
+def mechanism_map_figure(plan, scores, ks: Sequence[int], restricted: Sequence, lost: Sequence, *,
+                         active: int | None = None) -> go.Figure:
+    """The top-k layer beside softmax's plan, with a slider over ``k``.
+
+    Top left, the dense causal plan ``[T, T]``; top right, the indexer's scores on the causal pairs
+    (``nan`` elsewhere); bottom left, the plan restricted to each row's ``k`` best-scored keys and
+    renormalised (chapter 1's plan with that support); bottom right, each row's lost mass ``1 - p(S)``
+    (half the L1 distance between the two plans). ``restricted[i]``, ``lost[i]`` belong to ``ks[i]``.
+    """
+    plan = np.asarray(plan, dtype=np.float64)
+    T = plan.shape[0]
+    ks = [int(k) for k in ks]
+    if not ks or len(restricted) != len(ks) or len(lost) != len(ks):
+        raise ValueError(f"need one restricted plan and one lost-mass row per k; got {len(ks)} k, "
+                         f"{len(restricted)} plans, {len(lost)} rows")
+    mats = [np.asarray(R, dtype=np.float64) for R in restricted]
+    losts = [np.asarray(x, dtype=np.float64) for x in lost]
+    for i, (R, x) in enumerate(zip(mats, losts)):
+        if R.shape != (T, T) or x.shape != (T,):
+            raise ValueError(f"restricted[{i}] / lost[{i}] have shapes {R.shape} / {x.shape}; expected "
+                             f"({T}, {T}) / ({T},) like plan")
+    active = len(ks) // 2 if active is None else active
+    pos = list(range(T))
+    zmax = float(plan[1:].max()) if T > 1 else 1.0        # a causal first row is one weight 1: keep contrast
+    sc = np.asarray(scores, dtype=np.float64)
+    lost_max = max(float(x.max()) for x in losts)
+
+    def title(i):
+        x = losts[i]
+        return (f"The top-k layer against softmax's plan<br><sup>k = {ks[i]} of {T} keys: lost mass "
+                f"1 - p(S) mean {x.mean():.3f}, max {x.max():.3f}</sup>")
+
+    fig = make_subplots(rows=2, cols=2, horizontal_spacing=0.16, vertical_spacing=0.16,
+                        subplot_titles=("softmax: the plan", "indexer scores", "top-k plan", "lost mass"))
+    heat = dict(x=pos, y=pos, colorscale=PLAN_SCALE, showscale=False)
+    fig.add_trace(go.Heatmap(z=_r(plan), zmin=0, zmax=zmax, **heat,
+                             hovertemplate="query %{y} → key %{x}: %{z:.3f}<extra>plan</extra>"), row=1, col=1)
+    fig.add_trace(go.Heatmap(z=_r(sc, 3), x=pos, y=pos, colorscale="Greys", showscale=False,
+                             hovertemplate="query %{y}, key %{x}: score %{z:.2f}<extra>indexer</extra>"), row=1, col=2)
+    fig.add_trace(go.Heatmap(z=_r(mats[active]), zmin=0, zmax=zmax, **heat,
+                             hovertemplate="query %{y} → key %{x}: %{z:.3f}<extra>top-k plan</extra>"), row=2, col=1)
+    fig.add_trace(go.Bar(x=_r(losts[active]), y=pos, orientation="h", marker_color=LOST_COLOUR, name="lost mass",
+                         hovertemplate="query %{y}: 1 - p(S) = %{x:.3f}<extra></extra>", showlegend=False),
+                  row=2, col=2)
+    axes = dict(yaxis=dict(range=[T - 0.5, -0.5]), yaxis2=dict(range=[T - 0.5, -0.5]),
+                yaxis3=dict(range=[T - 0.5, -0.5]), yaxis4=dict(range=[T - 0.5, -0.5]),
+                xaxis4=dict(range=[0, max(lost_max * 1.05, 1e-3)]))
+    for r, c in ((1, 1), (1, 2), (2, 1)):
+        fig.update_xaxes(title_text="key s", range=[-0.5, T - 0.5], row=r, col=c)
+    for r, c in ((1, 1), (2, 1), (2, 2)):
+        fig.update_yaxes(title_text="query t", row=r, col=c)
+    fig.update_yaxes(title_text="query t", row=1, col=2)
+    fig.update_xaxes(title_text="1 - p(S)", row=2, col=2)
+    frames = [go.Frame(data=[go.Heatmap(z=_r(R)), go.Bar(x=_r(x))], traces=[2, 3], name=f"k{k}",
+                       layout=go.Layout(title_text=title(i), **axes))
+              for i, (k, R, x) in enumerate(zip(ks, mats, losts))]
+    fig.update_layout(title=dict(text=title(active)), height=720, margin=dict(t=110),
+                      meta={"mechanism_map": "top-k attention with a lightning indexer"}, **axes)
+    return add_frame_slider(fig, frames, [str(k) for k in ks], prefix="k = ", active=active)
+
+
+def recall_figure(ks: Sequence[int], curves: dict[str, tuple[Sequence[float], Sequence[float]]], *,
+                  oracle: tuple[Sequence[float], Sequence[float]],
+                  untrained: tuple[Sequence[float], Sequence[float]], title: str) -> go.Figure:
+    """Recall ``p(S)`` against ``k`` (log axis): one line per trained indexer (``curves[name] = (mean,
+    spread)``), the oracle top-k (the teacher's own: an upper bound) and an untrained indexer, each
+    with its spread over seeds as error bars."""
+    data, errors, styles = {}, {}, {}
+    for name, (mean, spread) in {**curves, "oracle top-k": oracle, "untrained indexer": untrained}.items():
+        data[name] = (list(ks), list(mean))
+        errors[name] = list(spread)
+    styles["oracle top-k"] = dict(line=dict(color="black", dash="dash"), marker=dict(color="black"))
+    styles["untrained indexer"] = dict(line=dict(color="#888", dash="dot"), marker=dict(color="#888"))
+    fig = curves_figure(data, title=title, x_title="k (keys selected per query)",
+                        y_title="recall p(S)", log_x=True, y_range=[0, 1.02], errors=errors, styles=styles, height=480)
+    fig.update_xaxes(tickvals=list(ks), ticktext=[str(k) for k in ks])
+    return fig
+
+
+__all__ = ["mechanism_map_figure", "recall_figure"]
