@@ -36,9 +36,11 @@ Precision (``common/precision.py``). ``qI kI^T`` is a product of inputs (``IO``:
 exact IEEE float32 for float32). ``g`` carries ``dI``, whose size the inputs do not bound: its products
 (``g kI``, ``g^T qI``) take ``WIDE`` operands (bfloat16 for half inputs, float32 for float32).
 
-Tiles. ``BLOCK_D`` covers ``d_I`` (a power of two, up to 256). ``BLOCK_M = BLOCK_N = 64`` with 4 warps,
-halved (the wider first) until the kernel's tiles fit the device's shared memory (:func:`fit`; a T4's
-64 KB included); 16 under the interpreter, so small CPU tests cross several tiles.
+Tiles. ``BLOCK_D`` covers ``d_I`` (a power of two, up to 256). ``BLOCK_M = BLOCK_N`` = 64 in half
+precision (32 for the backward at ``d_I > 128``), 32 or 16 in float32 (:func:`gpu_tile`: the sizes that
+compiled without register spills), halved (the wider first) until the tiles fit the device's shared
+memory (:func:`fit`; a T4's 64 KB included); 16 under the interpreter, so small CPU tests cross several
+tiles.
 """
 
 from __future__ import annotations
@@ -168,23 +170,33 @@ def _index_scores_bwd_dk_kernel(QI, KI, W, DI, DK,
 
 
 STAGES = 2          # software-pipelining stages of every indexer launch
-GPU_TILE = 64       # BLOCK_M = BLOCK_N on a GPU with the shared memory for it
 INTERPRET_TILE = 16
 
 
+def gpu_tile(block_d: int, elem: int, backward: bool) -> int:
+    """``BLOCK_M = BLOCK_N`` on a GPU before the shared-memory fit. Half precision: 64, 32 for the
+    backward at ``d_I > 128``. float32 (exact IEEE products on the CUDA cores, the correctness path):
+    32 up to ``d_I = 64``, 16 above. Compiled for sm_80, sm_89 and sm_90 (``scripts/kernel_resources.py
+    --workloads topk``): 64 x 64 float32 tiles spilled kilobytes, the half-precision backward at
+    ``d_I = 256`` with 64 x 64 tiles 4-96 B."""
+    if elem == 2:
+        return 32 if backward and block_d > 128 else 64
+    return 32 if block_d <= 64 else 16
+
+
 def tiles_smem(bm: int, bn: int, block_d: int, elem: int) -> int:
-    """Shared memory of one indexer launch: ``STAGES`` buffered query tiles and a key tile (each
+    """Shared memory of one indexer launch: ``STAGES`` buffered query tiles and key tiles (each
     ``[tile, BLOCK_D]``, in the inputs' dtype) plus one float32 ``[BLOCK_M, BLOCK_N]`` tile for the
     products of ``dI`` (the backward's; the forward needs less), plus ``launch.SMEM_MARGIN``."""
     return elem * block_d * (STAGES * bm + STAGES * bn) + 4 * bm * bn + launch.SMEM_MARGIN
 
 
-def fit(block_d: int, elem: int, device: torch.device) -> tuple[int, int]:
-    """``(BLOCK_M, BLOCK_N)``: 64 x 64 (16 x 16 under the interpreter), the wider halved until
+def fit(block_d: int, elem: int, device: torch.device, *, backward: bool = False) -> tuple[int, int]:
+    """``(BLOCK_M, BLOCK_N)``: :func:`gpu_tile` square (16 under the interpreter), the wider halved until
     :func:`tiles_smem` fits ``device`` (never below 16, ``tl.dot``'s minimum)."""
     if INTERPRET:
         return INTERPRET_TILE, INTERPRET_TILE
-    bm = bn = GPU_TILE
+    bm = bn = gpu_tile(block_d, elem, backward)
     limit = launch.shared_memory_limit(device)
     while max(bm, bn) > launch.MIN_DOT and tiles_smem(bm, bn, block_d, elem) > limit:
         if bn >= bm:
@@ -194,8 +206,12 @@ def fit(block_d: int, elem: int, device: torch.device) -> tuple[int, int]:
     return bm, bn
 
 
-def _warps(bm: int, bn: int, block_d: int) -> int:
-    return 8 if block_d > 128 and bm * bn >= 64 * 64 else 4
+def _warps(bm: int, bn: int, block_d: int, backward: bool) -> int:
+    """8 warps for 64 x 64 tiles in the backward (whose programs keep a float32 ``[tile, BLOCK_D]``
+    gradient besides the tiles: 4 warps spilled 8 B at ``d_I = 64`` on sm_80/sm_89, 180 B at 128 on
+    sm_90) and in the forward above ``d_I = 128``; 4 otherwise."""
+    wide = backward or block_d > 128
+    return 8 if wide and bm * bn >= 64 * 64 else 4
 
 
 def index_scores_forward(index_q: torch.Tensor, index_k: torch.Tensor, index_w: torch.Tensor, *,
@@ -218,7 +234,7 @@ def index_scores_forward(index_q: torch.Tensor, index_k: torch.Tensor, index_w: 
         out.stride(0), out.stride(2), out.stride(3),
         H_I, T_Q, T_K, D,
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=block_d, CAUSAL=causal, IO=io_dtype(index_q.dtype),
-        num_warps=_warps(bm, bn, block_d), num_stages=STAGES)
+        num_warps=_warps(bm, bn, block_d, False), num_stages=STAGES)
     return out
 
 
@@ -233,18 +249,18 @@ def index_scores_backward(index_q: torch.Tensor, index_k: torch.Tensor, index_w:
     if B * T_Q == 0 or T_K == 0:
         return dq.zero_(), dk.zero_(), dw.zero_()        # no pair: no score depends on anything
     block_d = launch.head_block(D)
-    bm, bn = fit(block_d, index_q.element_size(), index_q.device)
+    bm, bn = fit(block_d, index_q.element_size(), index_q.device, backward=True)
     precision = dict(IO=io_dtype(index_q.dtype), WIDE=wide_dtype(index_q.dtype))
     strides = (*index_q.stride(), index_k.stride(0), index_k.stride(2), index_k.stride(3), *index_w.stride(),
                dI.stride(0), dI.stride(2), dI.stride(3))
     _index_scores_bwd_dq_kernel[(triton.cdiv(T_Q, bm), H_I, B)](
         index_q, index_k, index_w, dI, dq, dw, *strides, *dq.stride(), *dw.stride(), T_Q, T_K, D,
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=block_d, **precision,
-        num_warps=_warps(bm, bn, block_d), num_stages=STAGES)
+        num_warps=_warps(bm, bn, block_d, True), num_stages=STAGES)
     _index_scores_bwd_dk_kernel[(triton.cdiv(T_K, bn), B)](
         index_q, index_k, index_w, dI, dk, *strides, dk.stride(0), dk.stride(2), dk.stride(3), H_I, T_Q, T_K, D,
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=block_d, **precision,
-        num_warps=_warps(bm, bn, block_d), num_stages=STAGES)
+        num_warps=_warps(bm, bn, block_d, True), num_stages=STAGES)
     return dq, dk, dw
 
 
