@@ -69,7 +69,8 @@ def _index_scores_fwd_kernel(QI, KI, W, I_OUT,
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_n = start_n + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
-    out = I_OUT + b * stride_ib + offs_m[:, None] * stride_it + offs_n[None, :] * stride_is
+    # 64-bit offsets into I: a [T, T] score matrix passes 2^31 elements at T = 46341.
+    out = I_OUT + b.to(tl.int64) * stride_ib + offs_m.to(tl.int64)[:, None] * stride_it + offs_n[None, :] * stride_is
     out_mask = (offs_m[:, None] < T_Q) & (offs_n[None, :] < T_K)
     above = start_n < 0                                        # a scalar bool (False), typed as the test below
     if CAUSAL:
@@ -120,7 +121,8 @@ def _index_scores_bwd_dq_kernel(QI, KI, W, DI, DQ, DW,
         offs_n = start_n + offs_n0
         k = tl.load(KI + b * stride_kb + offs_n[:, None] * stride_kt + offs_d[None, :] * stride_kd,
                     mask=(offs_n[:, None] < T_K) & (offs_d[None, :] < D), other=0.0)        # [BLOCK_N, BLOCK_D]
-        g = tl.load(DI + b * stride_gb + offs_m[:, None] * stride_gt + offs_n[None, :] * stride_gs,
+        g = tl.load(DI + b.to(tl.int64) * stride_gb + offs_m.to(tl.int64)[:, None] * stride_gt
+                    + offs_n[None, :] * stride_gs,
                     mask=row_mask[:, None] & (offs_n[None, :] < T_K), other=0.0).to(tl.float32)
         x = dot(q, tl.trans(k), IO)                                                          # [BLOCK_M, BLOCK_N]
         dw += tl.sum(g * tl.where(x < 0.0, 0.0, x), 1)
@@ -160,7 +162,8 @@ def _index_scores_bwd_dk_kernel(QI, KI, W, DI, DK,
                         mask=row_mask[:, None] & (offs_d[None, :] < D), other=0.0)           # [BLOCK_M, BLOCK_D]
             w = tl.load(W + b * stride_wb + j * stride_wh + offs_m * stride_wt, mask=row_mask,
                         other=0.0).to(tl.float32)
-            gT = tl.load(DI + b * stride_gb + offs_m[None, :] * stride_gt + offs_n[:, None] * stride_gs,
+            gT = tl.load(DI + b.to(tl.int64) * stride_gb + offs_m.to(tl.int64)[None, :] * stride_gt
+                         + offs_n[:, None] * stride_gs,
                          mask=row_mask[None, :] & (offs_n[:, None] < T_K), other=0.0).to(tl.float32)
             xT = dot(k, tl.trans(q), IO)                                                     # [BLOCK_N, BLOCK_M]
             gT = tl.where(xT > 0.0, gT * w[None, :], 0.0)
