@@ -26,7 +26,8 @@ derivative taken as 0 at 0 and at NaN, like torch's):
 2. dkI -- grid ``(cdiv(Tk, BLOCK_N), B)``: one program owns a key tile, keeps its float32 ``dkI`` in
    registers and walks every (head, query tile): the sum over heads and queries happens in registers,
    with no atomics, so the result is the same bits on every run. Its parallelism is ``cdiv(Tk, BLOCK_N) B``
-   programs, each ``H_I cdiv(Tq, BLOCK_M)`` steps long: fine at ``B Tk >= 8k``, thin below.
+   programs, each ``H_I cdiv(Tq, BLOCK_M)`` steps long: with 64-key tiles, fewer programs than an H100
+   has SMs (132) below ``B Tk = 8448`` -- the price of summing without atomics.
 
 Neither backward kernel skips the causal upper triangle: :func:`index_scores` has no mask, and a loss
 may put gradient there (``indexer_kl_loss(causal=True)`` puts exactly 0, which costs the products but
@@ -37,10 +38,12 @@ exact IEEE float32 for float32). ``g`` carries ``dI``, whose size the inputs do 
 (``g kI``, ``g^T qI``) take ``WIDE`` operands (bfloat16 for half inputs, float32 for float32).
 
 Tiles. ``BLOCK_D`` covers ``d_I`` (a power of two, up to 256). ``BLOCK_M = BLOCK_N`` = 64 in half
-precision (32 for the backward at ``d_I > 128``), 32 or 16 in float32 (:func:`gpu_tile`: the sizes that
-compiled without register spills), halved (the wider first) until the tiles fit the device's shared
-memory (:func:`fit`; a T4's 64 KB included); 16 under the interpreter, so small CPU tests cross several
-tiles.
+precision (32 for the backward at ``d_I > 128``), 32 or 16 in float32 (:func:`gpu_tile`: in half
+precision no launch spills on sm_80, sm_89, sm_90; in float32 a few spill 4-8 B), halved (the wider
+first) until the tiles fit the device's shared memory (:func:`fit`; a T4's 64 KB included); 16 under
+the interpreter, so small CPU tests cross several tiles. On sm_75, where the backend rule never takes
+a kernel, the forward compiles in every dtype but the half-precision backward does not: its ``WIDE``
+operands are bfloat16, which sm_75 lacks (as in the chunked kernels).
 """
 
 from __future__ import annotations
