@@ -30,7 +30,7 @@ at most ``2 (1 - p_t(S_t)) max_s ||v_s||``.
 
 Cost, honestly. The attention reference gathers the ``k`` selected keys and values of every query:
 ``O(B H Tq k D)`` work (each query reads ``k`` keys: ``O(L k)``, not ``O(L^2)`` and not ``O(k^2)``), and it
-*stores* the gathered ``[B, H, Tq, k, D]`` tensors, which a kernel would not. The indexer stays
+*stores* the gathered ``[B, H, Tq, k, D]`` tensors, which the kernel does not. The indexer stays
 quadratic: ``2 H_I d_I`` FLOPs per pair, ``O(B H_I Tq Tk d_I)``, and :func:`index_scores_reference`
 builds ``[B, H_I, Tq, Tk]``. The selection sorts each row (``O(Tk log Tk)``; a top-k kernel would not
 sort). The KV cache does not shrink: every key stays a candidate for later queries.
@@ -45,7 +45,19 @@ Masked positions. A key outside ``S_t`` contributes exactly nothing to row ``t``
 hold NaN or inf there: it is never gathered, and padded slots are replaced by zeros with ``torch.where``
 before any product. A non-finite value *inside* ``S_t`` makes row ``t`` NaN, as in dense attention.
 
-There is no Triton kernel yet: ``backend="auto"`` runs the reference and ``backend="triton"`` says so.
+Kernels (``attnlib/kernels/topk/``; ``backend="auto"`` takes them where the house rule allows, see
+``attnlib/_backend.py``). :func:`index_scores` has a fused kernel that never writes the per-head
+``[B, H_I, Tq, Tk]`` scores: one program per (query tile, key tile) loads the shared index-key tile
+once and loops over the index heads (one ``tl.dot`` each), and its backward is two kernels that
+recompute the per-head products (``d index_q``, ``d index_w`` per (query tile, head); ``d index_k`` per
+key tile, summed over heads and queries in registers). Inside :func:`topk_attention` the same forward
+skips the tiles wholly above the diagonal (the causal selection never reads them). The selection
+stays torch's stable sort. The attention kernel runs one program per (query, head), gathers only the
+selected key and value rows (masked loads: a padded slot or an unselected key is never read), and
+keeps an online softmax over blocks of slots; its backward recomputes ``P`` from the saved LSE, keeps
+``dq`` in registers and scatters ``dk``, ``dv`` with float32 atomic adds (so their last bits may vary
+from run to run). The kernels take head dims (``D``, ``Dv``, ``d_I``) up to 256 and float16, bfloat16 or
+float32; an indexer in another dtype (float64) gets the reference scores, its attention the kernel.
 """
 
 from __future__ import annotations
@@ -55,11 +67,24 @@ import math
 import torch
 
 from . import _validate
-from ._backend import choose_backend
+from ._backend import KERNEL_DTYPES, choose_backend
 from ._numerics import acc_dtype
 
-NO_KERNEL = ("there is no Triton kernel for top-k attention or the lightning indexer yet; the PyTorch "
-             "reference gathers the selected keys of each query")
+MAX_KERNEL_DIM = 256       # the kernels hold a whole head row (q, k, v, index q/k) in one tile
+
+
+def _why_not_attention(D: int, Dv: int) -> str | None:
+    """The attention kernel's own condition (the dtype and device rule is common to every op)."""
+    if max(D, Dv) > MAX_KERNEL_DIM:
+        return f"the top-k attention kernel takes head dims up to {MAX_KERNEL_DIM}; got D={D}, Dv={Dv}"
+    return None
+
+
+def _why_not_indexer(d_I: int) -> str | None:
+    """The index-score kernel's own condition."""
+    if d_I > MAX_KERNEL_DIM:
+        return f"the index-score kernel takes index head dims up to {MAX_KERNEL_DIM}; got d_I={d_I}"
+    return None
 
 
 # ----------------------------------------------------------------------------- references: the equations
@@ -187,6 +212,56 @@ def _check_scores(name: str, I, *, causal: bool) -> tuple[int, int, int]:
     return B, Tq, Tk
 
 
+# ----------------------------------------------------------------------------- the kernels' autograd
+
+class _TritonIndexScores(torch.autograd.Function):
+    """Forward: the fused index-score kernel (no per-head scores stored). Backward: two kernels that
+    recompute the per-head products from the saved inputs (``attnlib/kernels/topk/indexer.py``)."""
+
+    @staticmethod
+    def forward(ctx, index_q, index_k, index_w):
+        from .kernels.topk import index_scores_forward
+        ctx.save_for_backward(index_q, index_k, index_w)
+        return index_scores_forward(index_q, index_k, index_w)
+
+    @staticmethod
+    def backward(ctx, dI):
+        from .kernels.topk import index_scores_backward
+        return index_scores_backward(*ctx.saved_tensors, dI)
+
+
+class _TritonTopkAttention(torch.autograd.Function):
+    """Forward: the gathered online-softmax kernel, saving ``o`` and ``lse``. Backward: one kernel that
+    recomputes ``P`` from the LSE, keeps ``dq`` per query and scatters ``dk``, ``dv`` with float32 atomics
+    (``attnlib/kernels/topk/attention.py``). A loss on the returned ``lse`` is folded into the baseline
+    ``delta``, as in the flash backward."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, indices, scale):
+        from .kernels.topk import topk_attention_forward
+        o, lse = topk_attention_forward(q, k, v, indices, scale=scale)
+        ctx.save_for_backward(q, k, v, indices, o, lse)
+        ctx.scale = scale
+        return o, lse
+
+    @staticmethod
+    def backward(ctx, do, dlse):
+        from .kernels.topk import topk_attention_backward
+        q, k, v, indices, o, lse = ctx.saved_tensors
+        dq, dk, dv = topk_attention_backward(q, k, v, indices, o, lse, do, dlse, scale=ctx.scale)
+        return dq, dk, dv, None, None
+
+
+def _selection_scores(index_q, index_k, index_w, *, causal: bool, kernel: bool) -> torch.Tensor:
+    """The scores the selection reads, without gradient. With ``kernel`` (the attention runs its kernel)
+    the fused index-score kernel where it applies to the indexer's own dtype and width -- skipping, when
+    ``causal``, the tiles above the diagonal, which the selection never reads -- else the reference."""
+    if kernel and index_q.dtype in KERNEL_DTYPES and _why_not_indexer(index_q.shape[-1]) is None:
+        from .kernels.topk import index_scores_forward
+        return index_scores_forward(index_q, index_k, index_w, causal=causal)
+    return index_scores_reference(index_q, index_k, index_w)
+
+
 # ----------------------------------------------------------------------------- public functions
 
 def index_scores(index_q: torch.Tensor, index_k: torch.Tensor, index_w: torch.Tensor, *,
@@ -196,10 +271,12 @@ def index_scores(index_q: torch.Tensor, index_k: torch.Tensor, index_w: torch.Te
 
     Args:
         index_q: ``[B, H_I, Tq, d_I]``.  index_k: ``[B, 1, Tk, d_I]``.  index_w: ``[B, H_I, Tq]``.
-        backend: ``"auto"`` | ``"torch"`` | ``"triton"`` (no kernel yet: ``"triton"`` raises).
+        backend: ``"auto"`` | ``"torch"`` | ``"triton"``. The kernel (``d_I <= 256``) never stores the
+            per-head ``[B, H_I, Tq, Tk]`` scores, forward or backward; the reference builds them.
     """
-    _check_indexer(index_q, index_k, index_w)
-    choose_backend(backend, index_q, why_not=NO_KERNEL)
+    d_I = _check_indexer(index_q, index_k, index_w)[4]
+    if choose_backend(backend, index_q, why_not=_why_not_indexer(d_I)) == "triton":
+        return _TritonIndexScores.apply(index_q, index_k, index_w)
     return index_scores_reference(index_q, index_k, index_w)
 
 
@@ -234,8 +311,9 @@ def topk_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, index_q: t
         return_lse: also return ``lse [B, H, Tq]`` over the selected keys (float32; float64 for float64).
         return_indices: also return the selection ``[B, 1, Tq, min(top_k, Tk)]`` (``-1`` = empty slot),
             shared by all heads -- what :func:`indexer_kl_loss` takes as ``selected``.
-        backend: ``"auto"`` | ``"torch"`` | ``"triton"``. No kernel exists yet: ``"auto"`` runs the
-            reference and ``"triton"`` raises, saying so.
+        backend: ``"auto"`` | ``"torch"`` | ``"triton"``. The kernels (head dims up to 256) read only the
+            selected keys and values and store no gathered copy; the indexer's scores come from the
+            fused index kernel when the indexer's dtype is one it takes (else from the reference).
 
     Returns:
         ``o [B, H, Tq, Dv]`` in q's dtype, or the tuple ``(o, lse, indices)`` with only the requested
@@ -249,10 +327,14 @@ def topk_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, index_q: t
     _check_indexer(index_q, index_k, index_w, B=B, Tq=Tq, Tk=Tk, device=q.device)
     top_k = _validate.check_int("top_k", top_k, lo=1)
     scale = 1.0 / math.sqrt(D) if scale is None else _validate.check_positive("scale", scale)
-    choose_backend(backend, q, why_not=NO_KERNEL)
+    kernel = choose_backend(backend, q, why_not=_why_not_attention(D, Dv)) == "triton"
     with torch.no_grad():                       # the selection is discrete: no gradient flows through it
-        indices = topk_select_reference(index_scores_reference(index_q, index_k, index_w), top_k, causal=causal)
-    o, lse = topk_attention_reference(q, k, v, indices, scale=scale)
+        scores = _selection_scores(index_q, index_k, index_w, causal=causal, kernel=kernel)
+        indices = topk_select_reference(scores, top_k, causal=causal)
+    if kernel:
+        o, lse = _TritonTopkAttention.apply(q, k, v, indices, scale)
+    else:
+        o, lse = topk_attention_reference(q, k, v, indices, scale=scale)
     extras = [x for x, wanted in ((lse, return_lse), (indices, return_indices)) if wanted]
     return (o, *extras) if extras else o
 

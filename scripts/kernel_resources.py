@@ -1,12 +1,13 @@
-"""Registers, spills and shared memory of the chunked, flash and block-sparse Triton kernels, compiled
+"""Registers, spills and shared memory of the chunked, flash, block-sparse and top-k Triton kernels, compiled
 on the CPU for an A100 (sm_80), an L4 (sm_89) or an H100 (sm_90; the default), at D = 64, 128, 256 in
 bf16 and fp16, every variant the wrappers launch (causal and not, the fused flash backward, the dq-only
-delta backward, block-sparse): the matrix behind the autotuners' ``SPILLS`` tables and the resource
-tests. A compile-time resource report, not a timing: nothing runs on a GPU. (``kernel_report.py`` is the
-report at the benchmark shapes, with bytes and fla beside.)
+delta backward, block-sparse, top-k's indexer and attention): the matrix behind the autotuners' ``SPILLS``
+tables and the resource tests. A compile-time resource report, not a timing: nothing runs on a GPU.
+(``kernel_report.py`` is the report at the benchmark shapes, with bytes and fla beside.)
 
 How. The public wrappers (``linear_chunk_forward/backward``, ``delta_rule_chunk_forward/backward``,
-``flash_attention_forward/backward``, ``block_sparse_attention_forward/backward``) run under
+``flash_attention_forward/backward``, ``block_sparse_attention_forward/backward``,
+``index_scores_forward/backward``, ``topk_attention_forward/backward``) run under
 ``FakeTensorMode`` on a fake CUDA device, so every block size, warp count and stage count is the one
 they would choose on a GPU (``common/launch.py``). Each kernel launch is intercepted instead of run;
 its arguments go through Triton's own binder (the specialisation the JIT would make: pointer and
@@ -68,6 +69,7 @@ RESULT = ROOT / "benchmarks" / "results" / "kernel_resources.json"
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 SEQ_LEN = 4096                                    # the length the integers are specialised for (T % 16 == 0)
 BLOCK_SIZE = 128                                  # the block-sparse mask's block: the widest kernel tiles
+INDEX_HEADS, TOP_K = 4, 2048                      # top-k attention: index heads, keys per query (DeepSeek's k)
 
 
 # ----------------------------------------------------------------------------- what the wrappers launch
@@ -79,6 +81,12 @@ def workloads(D: int, dtype: torch.dtype) -> dict:
     from attnlib.kernels.delta.chunk import delta_rule_chunk_backward, delta_rule_chunk_forward
     from attnlib.kernels.flash import flash_attention_backward, flash_attention_forward
     from attnlib.kernels.linear.chunk import linear_chunk_backward, linear_chunk_forward
+    from attnlib.kernels.topk import (
+        index_scores_backward,
+        index_scores_forward,
+        topk_attention_backward,
+        topk_attention_forward,
+    )
 
     B, H, T = 1, 1, SEQ_LEN
     dev = torch.device("cuda")
@@ -118,12 +126,23 @@ def workloads(D: int, dtype: torch.dtype) -> dict:
         o, lse = block_sparse_attention_forward(q, k, v, mask, **kw)
         block_sparse_attention_backward(q, k, v, o, lse, do, dlse, mask, **kw)
 
+    def topk(causal):
+        # The indexer at d_I = D (DeepSeek-V3.2: 64 index heads of 128), then the attention over TOP_K keys.
+        q, k, v, do, dlse = attention()
+        iq, ik, iw = x(B, INDEX_HEADS, T, D), x(B, 1, T, D), x(B, INDEX_HEADS, T)
+        scores = index_scores_forward(iq, ik, iw, causal=causal)
+        index_scores_backward(iq, ik, iw, scores)
+        indices = x(B, 1, T, TOP_K, dt=torch.int64)
+        o, lse = topk_attention_forward(q, k, v, indices, scale=D ** -0.5)
+        topk_attention_backward(q, k, v, indices, o, lse, do, dlse, scale=D ** -0.5)
+
     return {"linear": lambda: linear(True), "linear non-causal": lambda: linear(False),
             "delta": lambda: delta(False), "gated delta": lambda: delta(True),
             "gated delta dq only": lambda: delta(True, only_dq=True),
             "flash": lambda: flash(True), "flash non-causal": lambda: flash(False),
             "flash fused": lambda: flash(True, False), "flash fused non-causal": lambda: flash(False, False),
-            "block-sparse": lambda: block_sparse(True), "block-sparse non-causal": lambda: block_sparse(False)}
+            "block-sparse": lambda: block_sparse(True), "block-sparse non-causal": lambda: block_sparse(False),
+            "topk": lambda: topk(True)}
 
 
 def launches(D: int, dtype: torch.dtype, sm: int, names=None, every_config: bool = False, only=None) -> list[dict]:

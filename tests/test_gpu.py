@@ -427,3 +427,60 @@ def test_grassmann_fused_projection_backward():
         grads.append(torch.autograd.grad(out.square().sum(), (z, W)))
     for a, b in zip(*grads):
         _check("plucker_projection.grad", torch.float32, a, b, L=500, r=32, d=256)
+
+
+# ---------------------------------------------------------------------------- top-k attention (chapter 7)
+
+# The indexer's scores: 16-bit tensor-core products (exact in float32) summed in float32, so every dtype
+# is float32-accurate; its gradients take dI in bfloat16 for half inputs (kernels/common/precision.py's
+# WIDE operands): the chunked bounds. The attention gathers rows and computes in float32 (no tensor core):
+# only the output rounding and the float32 atomics' order remain.
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("B,H_I,T,d_I", [(2, 4, 1, 64), (1, 8, 333, 128), (2, 3, 200, 40), (1, 2, 130, 256)])
+def test_topk_index_scores_and_gradients(dtype, B, H_I, T, d_I):
+    from attnlib.topk import index_scores_reference
+    iq, ik = _randn(B, H_I, T, d_I, dtype=dtype, seed=T), _randn(B, 1, T, d_I, dtype=dtype, seed=T + 1)
+    iw = _randn(B, H_I, T, dtype=dtype, seed=T + 2)
+    w = _randn(B, 1, T, T, dtype=torch.float32, seed=T + 3)
+    outs = []
+    for backend, cast in (("triton", lambda t: t), ("torch", lambda t: t.double())):
+        xs = [cast(t).detach().requires_grad_() for t in (iq, ik, iw)]
+        I = attnlib.index_scores(*xs, backend=backend) if backend == "triton" else index_scores_reference(*xs)
+        outs.append([I, *torch.autograd.grad((I * w.to(I.dtype)).sum(), xs)])
+    for name, a, b in zip(("I", "d index_q", "d index_k", "d index_w"), *outs):
+        tol = (2e-5 if dtype == torch.float32 else 1e-4) if name == "I" else GRAD_TOL["chunked"][dtype]
+        _check(f"index_scores.{name}", dtype, a, b, tol=tol, B=B, H_I=H_I, T=T, d_I=d_I)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("T,D,Dv,top_k,causal", [(1, 64, 64, 8, True), (333, 64, 40, 32, True),
+                                                 (1000, 128, 128, 64, True), (300, 256, 256, 17, False),
+                                                 (95, 40, 24, 200, True)])
+def test_topk_attention_forward_and_backward(dtype, T, D, Dv, top_k, causal):
+    from attnlib.topk import _TritonTopkAttention, index_scores_reference, topk_attention_reference, topk_select
+    q, k = _randn(2, 3, T, D, dtype=dtype, seed=T), _randn(2, 3, T, D, dtype=dtype, seed=T + 1)
+    v = _randn(2, 3, T, Dv, dtype=dtype, seed=T + 2)
+    iq, ik, iw = (_randn(*s, dtype=torch.float32, seed=T + 3 + i) for i, s in
+                  enumerate([(2, 4, T, 32), (2, 1, T, 32), (2, 4, T)]))
+    idx = topk_select(index_scores_reference(iq, ik, iw), top_k, causal=causal)
+    _grads_vs_float64(
+        "topk_attention",
+        lambda q, k, v: _TritonTopkAttention.apply(q, k, v, idx, D ** -0.5),
+        lambda q, k, v: topk_attention_reference(q, k, v, idx, scale=D ** -0.5),
+        (q, k, v), dtype, T=T, D=D, Dv=Dv, top_k=top_k, causal=causal)
+
+
+def test_topk_attention_auto_takes_the_kernels_and_leaks_nothing_from_unselected_keys():
+    from attnlib.topk import selection_mask
+    q, k, v = (_randn(1, 2, 500, 64, dtype=torch.bfloat16, seed=s) for s in (1, 2, 3))
+    iq, ik, iw = (_randn(*s, dtype=torch.bfloat16, seed=4 + i) for i, s in
+                  enumerate([(1, 4, 500, 64), (1, 1, 500, 64), (1, 4, 500)]))
+    o, idx = attnlib.topk_attention(q, k, v, iq, ik, iw, top_k=16, return_indices=True)
+    ref = attnlib.topk_attention(q, k, v, iq, ik, iw, top_k=16, backend="torch")
+    chosen = selection_mask(idx, 500).any(dim=2)[0, 0]            # keys some query selected
+    kp, vp = k.clone(), v.clone()
+    kp[:, :, ~chosen], vp[:, :, ~chosen] = float("nan"), float("inf")
+    o_poisoned = attnlib.topk_attention(q, kp, vp, iq, ik, iw, top_k=16)
+    assert torch.equal(o, o_poisoned) and (~chosen).any()
+    _check("topk_attention.auto", torch.bfloat16, o, ref.double(), T=500, D=64, top_k=16)

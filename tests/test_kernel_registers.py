@@ -8,7 +8,8 @@ the device has fails to launch -- neither of which Triton's interpreter can see.
 (D = 64 and 128) are checked for the four attention ops by ``tests/test_kernel_report.py``; this file
 checks what the report does not: the chunked kernels at the widest head they take (D = 256), and the
 flash and block-sparse kernels at D = 64, 128 and 256 in both backward forms, both causalities, on sm_90
-through tensor descriptors and through pointers. The counts come from ``scripts/kernel_resources.py``
+through tensor descriptors and through pointers, and the top-k kernels (indexer and gathered attention)
+at D = 64, 128 and 256. The counts come from ``scripts/kernel_resources.py``
 (``ptxas -v``), in a subprocess with the interpreter off -- or from ``CACHE``, the counts committed for
 exactly this code and these versions (see there)."""
 
@@ -166,3 +167,32 @@ def test_flash_autotune_candidates_fit_and_spill_no_registers_on_every_target():
                if r["spill_store_bytes"] or r["spill_load_bytes"] or r["shared_bytes"] > limit]
         assert not bad, (sm, bad)
         assert all(0 < r["registers"] <= 255 for r in mine)
+
+
+TOPK = ("_index_scores_fwd_kernel", "_index_scores_bwd_dq_kernel", "_index_scores_bwd_dk_kernel",
+        "_topk_attn_fwd_kernel", "_topk_attn_bwd_kernel")
+
+
+def test_topk_kernels_fit_and_spill_no_registers_on_every_target():
+    """The lightning indexer's kernels (scores forward with the causal skip, both backward kernels) and
+    the gathered top-k attention (forward, backward with atomic scatter) at D = d_I = 64, 128 and 256 in
+    bf16 and fp16, at the tiles their wrappers choose on sm_80, sm_89 and sm_90: within the target's
+    shared memory, no spill. The index products reach the tensor cores (mma.sync; wgmma on sm_90 where
+    the tile has 64 rows); the attention's gathered rows use none (a matrix-vector product per query and
+    head: ``attnlib/kernels/topk/attention.py``). float32 is not checked: its exact products run on the
+    CUDA cores, and three of its launches spill 4-8 bytes."""
+    from attnlib.kernels.common.launch import SHARED_MEMORY
+
+    runs = [(TOPK, (64, 128, 256), ("bf16", "fp16"), ("--workloads", "topk", "--sm", str(sm))) for sm in (80, 89, 90)]
+    rows = compiled_resources(*runs[0], more_runs=runs[1:])
+    for sm in (80, 89, 90):
+        mine = [r for r in rows if r["sm"] == sm]
+        assert {r["kernel"] for r in mine} == set(TOPK), sm
+        limit = SHARED_MEMORY[(sm // 10, sm % 10)]
+        bad = [(r["kernel"], r["flags"], r["D"], r["dtype"], r["spill_store_bytes"], r["shared_bytes"]) for r in mine
+               if r["spill_store_bytes"] or r["spill_load_bytes"] or r["shared_bytes"] > limit]
+        assert not bad, (sm, bad)
+        assert all(0 < r["registers"] <= 255 for r in mine)
+        index_mma = {r["mma"] for r in mine if r["kernel"].startswith("_index")}
+        assert index_mma == ({"wgmma", "mma.sync"} if sm == 90 else {"mma.sync"}), (sm, index_mma)
+        assert {r["mma"] for r in mine if r["kernel"].startswith("_topk")} == {"fma"}, sm

@@ -1,6 +1,7 @@
 """Top-k attention with a lightning indexer: the reference against dense softmax attention and an
 independent transport solver, the selection's rules, the masked positions, gradients, the indexer's
-KL loss, and the error messages. (No kernel exists yet: backend="triton" must say so.)"""
+KL loss, and the error messages. The kernels are tested against these references in
+tests/test_topk_kernels.py."""
 
 import math
 
@@ -392,7 +393,8 @@ def _args(**bad):
     (dict(scale=0.0), ValueError, r"scale must be a finite number > 0; got 0.0"),
     (dict(scale=float("inf")), ValueError, r"scale must be a finite number > 0"),
     (dict(backend="cuda"), ValueError, r"backend must be one of"),
-    (dict(backend="triton"), ValueError, r"no Triton kernel for top-k attention"),
+    (dict(q=torch.randn(2, 2, 10, 257), k=torch.randn(2, 2, 10, 257), v=torch.randn(2, 2, 10, 4), backend="triton"),
+     ValueError, r"top-k attention kernel takes head dims up to 256; got D=257, Dv=4"),
     (dict(k=torch.randn(2, 2, 12, 4), v=torch.randn(2, 2, 12, 4)), ValueError,
      r"causal attention needs as many queries as keys"),
 ])
@@ -437,8 +439,9 @@ def test_non_causal_cross_attention_with_more_keys_than_queries():
     (lambda I: indexer_kl_loss(torch.rand(1, 2, 6, 6, dtype=F64), I, topk_select(I, 2)[:, :, :4]), ValueError,
      r"selected has shape \(1, 1, 4, 2\); expected \(1, 1, 6, n <= 6\)"),
     (lambda I: index_scores(I, I, I), ValueError, r"index_w has shape \(1, 1, 6, 6\) \(4 dims\)"),
-    (lambda I: index_scores(I.float(), I.float(), I[..., 0].float(), backend="triton"), ValueError,
-     r"no Triton kernel"),
+    (lambda I: index_scores(I[..., :1].float().expand(1, 1, 6, 257), I[..., :1].float().expand(1, 1, 6, 257),
+                            I[..., 0].float(), backend="triton"), ValueError,
+     r"index-score kernel takes index head dims up to 256"),
     (lambda I: selection_mask(topk_select(I, 2), -1), ValueError, r"n_keys must be >= 0"),
 ])
 def test_helpers_bad_inputs_raise_errors_naming_the_argument(call, err, match):
