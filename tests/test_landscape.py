@@ -66,10 +66,10 @@ def test_topk_reads_k_keys_not_k_squared_and_keeps_the_whole_cache():
 
 def test_memory_crossover_closed_form_and_search_agree():
     for cfg in (L.HeadConfig(), L.HeadConfig(heads=32, kv_heads=2, d_head=128), SMALL):
-        L_mem = L.memory_crossover(cfg)
+        T_mem = L.memory_crossover(cfg)
         found = L.first_length_where(lambda T, c=cfg: L.memory_bytes("softmax", T, c),
                                      lambda T, c=cfg: L.memory_bytes("gated_delta", T, c))
-        assert found == math.ceil(L_mem), (cfg, L_mem, found)
+        assert found == math.ceil(T_mem), (cfg, T_mem, found)
 
 
 @pytest.mark.parametrize("mechanism", L.RECURRENT)
@@ -92,10 +92,10 @@ def test_published_designs_are_computed_from_their_cited_numbers():
     rows = {r["model"]: r for r in L.design_table()}
     qwen = rows["Qwen3-Next-80B-A3B"]
     assert (qwen["layers"], qwen["full"], qwen["ratio"], qwen["f"]) == (48, 12, "3:1", 0.25)
-    assert qwen["L_mem_layer"] == 512                          # 32 * 128 * 128 / (2 * 2 * 256)
+    assert qwen["T_mem_layer"] == 512                          # 32 * 128 * 128 / (2 * 2 * 256)
     assert qwen["kv_bytes_per_token"] == 12 * 2 * 2 * 256 * 2
     assert rows["MiniMax-Text-01"]["f"] == L.quadratic_share(7)
-    assert rows["Jamba-v0.1"]["ratio"] == "7:1" and rows["Jamba-v0.1"]["L_mem_layer"] == 16 * 8192 / (2 * 8 * 128)
+    assert rows["Jamba-v0.1"]["ratio"] == "7:1" and rows["Jamba-v0.1"]["T_mem_layer"] == 16 * 8192 / (2 * 8 * 128)
     assert rows["DeepSeek-V3.2-Exp"]["kv_bytes_per_token"] > rows["DeepSeek-V3 (full MLA)"]["kv_bytes_per_token"]
     assert rows["MiniMax-Text-01"]["unverified"] == ["kv_heads"]
     for r in rows.values():
@@ -153,7 +153,7 @@ def test_cpu_decode_times_shape():
 def test_landscape_figure_switches_three_panels():
     Ts = [2**e for e in range(4, 12)]
     curves = L.landscape_curves(Ts, SMALL)
-    fig = landscape_figure(Ts, curves, crossovers={"memory": [("L_mem", 64.0, 100.0)]})
+    fig = landscape_figure(Ts, curves, crossovers={"memory": [("T_mem", 64.0, 100.0)]})
     assert [f.name for f in fig.frames] == ["prefill", "decode", "memory"]
     assert len({len(f.data) for f in fig.frames}) == 1 and len(fig.data) == len(L.MECHANISMS) + 1
     assert fig.layout.sliders and fig.frames[2].layout.yaxis.title.text != fig.frames[0].layout.yaxis.title.text

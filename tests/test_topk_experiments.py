@@ -141,9 +141,9 @@ def test_topk_attention_is_linear_in_L_and_independent_of_k_squared():
 
 def test_break_even_length_is_where_counted_decode_costs_meet():
     r = xt.per_pair_flops()["ratio"]
-    L_star = xt.break_even_length(2048, r)
-    assert L_star == pytest.approx(2176)
-    at = xt.decode_flops(round(L_star))
+    T_star = xt.break_even_length(2048, r)
+    assert T_star == pytest.approx(2176)
+    at = xt.decode_flops(round(T_star))
     assert at["dense"] == at["sparse"]
     below, above = xt.decode_flops(2100), xt.decode_flops(2300)
     assert below["dense"] < below["sparse"] and above["dense"] > above["sparse"]

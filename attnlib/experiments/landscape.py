@@ -12,7 +12,7 @@ Three kinds of numbers, kept apart on purpose:
 * **Measured times** (:func:`gpu_rows` read from committed GPU JSON, :func:`cpu_decode_times` measured
   here with their quartiles): a fact of one machine, never asserted.
 * **Published designs** (:data:`DESIGNS`): each config number with the source it was read from, and a
-  flag where it could not be verified; :func:`design_table` computes cache, state, ``f`` and ``L_mem``.
+  flag where it could not be verified; :func:`design_table` computes cache, state, ``f`` and ``T_mem``.
 
 Conventions. ``T`` is the prompt length (prefill: FLOPs per token averaged over the prompt); ``t`` the
 number of keys a decoded token reads (itself included). Causal everywhere. One sequence (batch 1), one
@@ -383,7 +383,7 @@ def counted_flops(lengths: Sequence[int], cfg: HeadConfig, *, generator: torch.G
 # ---------------------------------------------------------------------------------------------
 
 def memory_crossover(cfg: HeadConfig = HeadConfig()) -> float:
-    """``L_mem = H_v d_k d_v / (2 H_kv d_h)``: the length at which one layer's KV cache holds as many
+    """``T_mem = H_v d_k d_v / (2 H_kv d_h)``: the length at which one layer's KV cache holds as many
     numbers as a linear / delta layer's state (same bytes per number)."""
     return cfg.heads * cfg.d_head * cfg.d_head / (2 * cfg.kv_heads * cfg.d_head)
 
@@ -685,7 +685,7 @@ def _v(design: Mapping, key: str):
 def design_row(name: str, design: Mapping, *, bytes_per_elem: int = 2) -> dict:
     """One published design, computed from its cited config: layer counts and ratio, KV cache bytes per
     token (all full layers), recurrent state bytes (all linear layers; constant in T; convolution states
-    included), the quadratic share ``f`` (full layers / all layers), ``L_mem`` per layer (one linear
+    included), the quadratic share ``f`` (full layers / all layers), ``T_mem`` per layer (one linear
     layer's state against one full layer's cache per token) and for the whole model (all state against
     all cache per token), and which of the numbers used were not verified at their source."""
     n = _v(design, "n_layers")
@@ -719,8 +719,8 @@ def design_row(name: str, design: Mapping, *, bytes_per_elem: int = 2) -> dict:
         "kv_bytes_per_token": n_full * cache * b,
         "state_bytes": n_lin * state * b,
         "f": n_full / n,
-        "L_mem_layer": core_state / cache if n_lin else None,
-        "L_mem_model": n_lin * state / (n_full * cache) if n_lin else None,
+        "T_mem_layer": core_state / cache if n_lin else None,
+        "T_mem_model": n_lin * state / (n_full * cache) if n_lin else None,
         "unverified": unverified,
     }
 

@@ -17,7 +17,7 @@ chapter 2's planted needle and its closed forms are :mod:`attnlib.needle`. This 
   attention over planted needles in a power-law tail, the indexer trained on it (dense KL warm-up, then
   the KL on the selected set), and its recall ``p(S)`` against ``k``, ``H_I`` and ``d_I``.
 * :func:`per_pair_flops`, :func:`topk_attention_flops`, :func:`break_even_length` -- counted FLOPs
-  (``torch.utils.flop_counter`` on the references, on the ``meta`` device) and ``L* = k / (1 - r)``.
+  (``torch.utils.flop_counter`` on the references, on the ``meta`` device) and ``T* = k / (1 - rho)``.
 
 Every random choice comes from a ``torch.Generator`` the caller passes in.
 """
@@ -397,21 +397,21 @@ def per_pair_flops(config: dict = DEEPSEEK_V32, *, length: int = 64) -> dict[str
 
 
 def break_even_length(top_k: int, ratio: float) -> float:
-    """``L* = k / (1 - r)``: per query, the top-k layer costs ``r L + k`` attention-pairs (the indexer
-    scores all ``L`` keys, the attention reads ``k``) against dense attention's ``L``."""
+    """``T* = k / (1 - rho)``: per query, the top-k layer costs ``rho T + k`` attention-pairs (the indexer
+    scores all ``T`` keys, the attention reads ``k``) against dense attention's ``T``."""
     if not 0 <= ratio < 1:
         raise ValueError(f"ratio must be in [0, 1) (an indexer cheaper than the attention); got {ratio}")
     return top_k / (1.0 - ratio)
 
 
-def decode_flops(L: int, config: dict = DEEPSEEK_V32, *, top_k: int | None = None) -> dict[str, int]:
-    """Counted FLOPs of one decoding query at context ``L`` (one query, ``L`` keys): dense MLA (MQA
-    mode) and the top-k layer (the indexer over ``L`` keys plus the attention over ``min(k, L)``)."""
+def decode_flops(T: int, config: dict = DEEPSEEK_V32, *, top_k: int | None = None) -> dict[str, int]:
+    """Counted FLOPs of one decoding query at context ``T`` (one query, ``T`` keys): dense MLA (MQA
+    mode) and the top-k layer (the indexer over ``T`` keys plus the attention over ``min(k, T)``)."""
     mla = mla_mqa_dims(config)
     k = config["index_topk"] if top_k is None else top_k
-    dense = attention_flops(1, L, mla["n_heads"], mla["d_qk"], mla["d_v"])
-    sparse = indexer_flops(1, L, config["index_n_heads"], config["index_head_dim"]) + \
-        topk_attention_flops(1, L, min(k, L), mla["n_heads"], mla["d_qk"], mla["d_v"])
+    dense = attention_flops(1, T, mla["n_heads"], mla["d_qk"], mla["d_v"])
+    sparse = indexer_flops(1, T, config["index_n_heads"], config["index_head_dim"]) + \
+        topk_attention_flops(1, T, min(k, T), mla["n_heads"], mla["d_qk"], mla["d_v"])
     return dict(dense=dense, sparse=sparse)
 
 

@@ -40,7 +40,7 @@ def landscape_figure(lengths: Sequence[int], curves: Mapping[str, Mapping[str, S
                      height: int = 560) -> go.Figure:
     """Log-log lines of ``curves[panel][mechanism]`` against ``lengths``, one frame per panel
     (``prefill``, ``decode``, ``memory``), switched by a slider. ``crossovers[panel]`` is a list of
-    ``(label, x, y)`` points marked on that panel (e.g. ``L_mem`` on ``memory``, the decode break-even
+    ``(label, x, y)`` points marked on that panel (e.g. ``T_mem`` on ``memory``, the decode break-even
     on ``decode``). The y range follows the panel; the x axis is shared."""
     panels = [p for p in PANELS if p in curves]
     if not panels:
