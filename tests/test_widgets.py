@@ -306,6 +306,7 @@ def _figure_builders():
     from attnlib.widgets import anna as wa
     from attnlib.widgets import deltanet as wdn
     from attnlib.widgets import grassmann as wg
+    from attnlib.widgets import hybrid as wh
     from attnlib.widgets import kernels as wk
     from attnlib.widgets import linear as lw
     from attnlib.widgets import needle as nw
@@ -351,6 +352,9 @@ def _figure_builders():
         "plane_mixing": _plane_mixing,
         "pair": lambda: wg.pair_figure(CausalGrassmannMixing(8, reduced_dim=5, offsets=(1, 2)),
                                        torch.randn(1, 6, 8, generator=g), 5, 2, tokens=list("abcdef")),
+        "hybrid_recall": lambda: wh.hybrid_recall_figure(
+            {"Gated DeltaNet": {0: [.3, .35], .5: [.8, .9], 1: [1, .98]}, "linear": {0: [.2, .25], 1: [1, .98]}},
+            title="recall", chance=1 / 8, ratio_labels={0: "all-linear", 1: "all-softmax"}),
         "plucker_features": lambda: wg.features_figure(torch.randn(10, 6, generator=g, dtype=torch.float64),
                                                        [3, 6], [1, 4]),
         "flash_walk": _flash_walk,

@@ -15,12 +15,15 @@ The models are deliberately small: an embedding, ``n_layers`` blocks of (short c
 token mixer, MLP) with pre-norm residuals, and a readout. The token mixer is the only thing that
 changes between ``"softmax"``, ``"linear"``, ``"deltanet"`` and ``"gated_deltanet"``; the short
 convolution (as in fla's and Zoology's models) lets a block see the previous token, which is how a
-value's position learns the key it belongs to.
+value's position learns the key it belongs to. ``mixer`` may also be a sequence of names, one per
+layer: a hybrid (chapter 7; :func:`attnlib.experiments.hybrid.hybrid_pattern` writes the published
+layouts).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn as nn
@@ -131,14 +134,32 @@ class Block(nn.Module):
         return x + self.mlp(self.norm2(x))
 
 
-class RecallModel(nn.Module):
-    """Embedding -> ``n_layers`` x Block(mixer) -> LayerNorm -> readout. ``tokens [B, T] -> logits [B, T, V]``."""
+def layer_mixers(mixer: str | Sequence[str], n_layers: int | None = None) -> tuple[str, ...]:
+    """The mixer of every layer: one name repeated ``n_layers`` times (2 when not given), or a
+    sequence of names, one per layer (then ``n_layers``, if given, must equal its length)."""
+    if isinstance(mixer, str):
+        n = 2 if n_layers is None else _validate.check_int("n_layers", n_layers, lo=1)
+        return (mixer,) * n
+    pattern = tuple(mixer)
+    if not pattern or not all(isinstance(m, str) for m in pattern):
+        raise ValueError(f"mixer must be a name or a non-empty sequence of names; got {mixer!r}")
+    if n_layers is not None and n_layers != len(pattern):
+        raise ValueError(f"n_layers={n_layers} but the mixer pattern has {len(pattern)} layers")
+    return pattern
 
-    def __init__(self, vocab: int, d_model: int = 64, n_layers: int = 2, n_heads: int = 2,
-                 mixer: str = "deltanet", chunk_size: int = 16):
+
+class RecallModel(nn.Module):
+    """Embedding -> ``n_layers`` x Block(mixer) -> LayerNorm -> readout. ``tokens [B, T] -> logits [B, T, V]``.
+
+    ``mixer``: one of :data:`MIXERS` for every layer, or a sequence of them, one per layer (a hybrid;
+    ``n_layers`` then defaults to its length)."""
+
+    def __init__(self, vocab: int, d_model: int = 64, n_layers: int | None = None, n_heads: int = 2,
+                 mixer: str | Sequence[str] = "deltanet", chunk_size: int = 16):
         super().__init__()
+        self.mixers = layer_mixers(mixer, n_layers)
         self.emb = nn.Embedding(vocab, d_model)
-        self.blocks = nn.ModuleList(Block(d_model, n_heads, mixer, chunk_size) for _ in range(n_layers))
+        self.blocks = nn.ModuleList(Block(d_model, n_heads, kind, chunk_size) for kind in self.mixers)
         self.norm = nn.LayerNorm(d_model)
         self.head = nn.Linear(d_model, vocab)
 
@@ -151,12 +172,13 @@ class RecallModel(nn.Module):
 
 @dataclass
 class RecallResult:
-    mixer: str
+    mixer: str | tuple[str, ...]   # a name, or one per layer (a hybrid)
     n_pairs: int
     accuracy: float           # fraction of query positions answered correctly, fresh test batch
     final_loss: float
     steps: int
     params: int
+    model: nn.Module | None = field(default=None, repr=False, compare=False)   # trained, in eval mode
 
 
 def recall_accuracy(model: nn.Module, tokens: torch.Tensor, targets: torch.Tensor) -> float:
@@ -167,12 +189,13 @@ def recall_accuracy(model: nn.Module, tokens: torch.Tensor, targets: torch.Tenso
     return (pred[keep] == targets[keep]).float().mean().item()
 
 
-def train_recall(mixer: str, n_pairs: int, *, steps: int = 200, batch: int = 32, d_model: int = 64,
-                 n_layers: int = 2, n_heads: int = 2, lr: float = 3e-3, n_keys: int = 64,
+def train_recall(mixer: str | Sequence[str], n_pairs: int, *, steps: int = 200, batch: int = 32,
+                 d_model: int = 64, n_layers: int | None = None, n_heads: int = 2, lr: float = 3e-3, n_keys: int = 64,
                  n_values: int = 64, seed: int = 0, device: torch.device | str = "cpu",
                  test_batch: int = 256, chunk_size: int = 16) -> RecallResult:
     """Train a :class:`RecallModel` on fresh MQAR batches (AdamW, cosine schedule, no data reuse)
-    and report its recall on a held-out batch."""
+    and report its recall on a held-out batch. ``mixer`` and ``n_layers`` as for :class:`RecallModel`;
+    the result keeps the trained model (``.model``) for probes."""
     torch.manual_seed(seed)
     gen = torch.Generator().manual_seed(seed + 1)
     model = RecallModel(n_keys + n_values, d_model, n_layers, n_heads, mixer, chunk_size).to(device)
@@ -193,4 +216,6 @@ def train_recall(mixer: str, n_pairs: int, *, steps: int = 200, batch: int = 32,
                         device=device)
     model.eval()
     acc = recall_accuracy(model, xt, yt)
-    return RecallResult(mixer, n_pairs, acc, float(loss.detach()), steps, sum(p.numel() for p in model.parameters()))
+    mixers = model.mixers if len(set(model.mixers)) > 1 else model.mixers[0]
+    return RecallResult(mixers, n_pairs, acc, float(loss.detach()), steps, sum(p.numel() for p in model.parameters()),
+                        model)

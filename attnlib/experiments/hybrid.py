@@ -1,0 +1,147 @@
+"""Hybrids of full (softmax) and linear-time layers (chapter 7): layouts, their quadratic share, probes.
+
+Production hybrids keep a few softmax layers among linear / delta-rule layers: Qwen3-Next closes
+every group of three Gated DeltaNet layers with one attention layer (``full_attention_interval=4``),
+Kimi Linear does the same with its KDA layers, MiniMax-01 puts one softmax layer after every seven
+linear ones. :func:`hybrid_pattern` writes that layout for the MQAR models of
+:mod:`attnlib.experiments.mqar` (whose ``mixer`` takes one name per layer).
+
+Cost: with one full layer in ``r + 1`` the model's attention work is
+``F(T) = (n / (r + 1)) a T^2 + b T`` (``n`` layers; ``a T^2`` a softmax layer's scores, ``b T``
+everything linear in ``T``), so the share of the all-softmax model's quadratic term that the hybrid
+keeps is ``f = 1 / (r + 1)``. :func:`quadratic_coefficient` reads ``a`` off FLOPs counted at two
+lengths, so that the lab asserts ``f`` on counted work rather than on the formula.
+
+Probes of a trained model: :func:`recall_by_pair` (recall of each written pair, by its place in the
+list: the first pair is the one written longest before the queries), :func:`answers_a_commonest_value`
+(does the model answer with the value listed most often -- counting, not recalling) and
+:func:`recall_without` (recall with some layers' mixers switched off: which layers do the recalling).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+import torch.nn as nn
+
+from .. import _validate
+from .linear import count_flops
+from .mqar import IGNORE, MIXERS, mqar_batch
+
+LINEAR_MIXERS = tuple(m for m in MIXERS if m != "softmax")
+ALL_LINEAR = math.inf          # the ratio of a model without full layers (f = 1 / (inf + 1) = 0)
+
+
+def hybrid_pattern(n_layers: int, ratio: float, linear_mixer: str = "gated_deltanet") -> tuple[str, ...]:
+    """The mixer of each of ``n_layers`` layers with ``ratio`` linear layers per full layer, each full
+    (softmax) layer closing its group of ``ratio`` linear ones, as in Qwen3-Next and Kimi Linear:
+    ``hybrid_pattern(8, 3)`` is ``(lin, lin, lin, softmax) * 2``.
+
+    ``ratio``: an int ``r >= 0`` dividing the depth into groups of ``r + 1`` (``n_layers`` must be a
+    multiple of ``r + 1``); ``0`` is all-softmax, :data:`ALL_LINEAR` (``math.inf``) has no full layer.
+    ``linear_mixer``: one of :data:`LINEAR_MIXERS`."""
+    n_layers = _validate.check_int("n_layers", n_layers, lo=1)
+    if linear_mixer not in LINEAR_MIXERS:
+        raise ValueError(f"linear_mixer must be one of {LINEAR_MIXERS}; got {linear_mixer!r}")
+    if ratio == ALL_LINEAR:
+        return (linear_mixer,) * n_layers
+    if isinstance(ratio, bool) or not isinstance(ratio, int) or ratio < 0:
+        raise ValueError(f"ratio must be an int >= 0 (linear layers per full layer) or math.inf "
+                         f"(no full layer); got {ratio!r}")
+    if n_layers % (ratio + 1):
+        raise ValueError(f"ratio={ratio} puts one full layer in every {ratio + 1}: n_layers must be a "
+                         f"multiple of {ratio + 1}; got n_layers={n_layers}")
+    group = (linear_mixer,) * ratio + ("softmax",)
+    return group * (n_layers // (ratio + 1))
+
+
+def full_fraction(pattern: Sequence[str]) -> float:
+    """The fraction of a pattern's layers that are full (softmax): ``1 / (r + 1)`` for ratio ``r``."""
+    return sum(m == "softmax" for m in pattern) / len(pattern)
+
+
+def ratio_label(ratio: float) -> str:
+    """How the chapter writes a ratio: full:linear layers ("all-linear", "1:7", ..., "all-softmax")."""
+    if ratio == ALL_LINEAR:
+        return "all-linear"
+    return "all-softmax" if ratio == 0 else f"1:{ratio}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Cost: the quadratic share, on counted work
+# ---------------------------------------------------------------------------------------------
+
+def mixer_flops(model: nn.Module, T: int) -> int:
+    """Counted FLOPs (matrix products, :func:`attnlib.experiments.linear.count_flops`) of every token
+    mixer of an MQAR model (``model.blocks[i].mixer``) on one sequence of ``T`` tokens. The count
+    depends on shapes only, so the input is zeros."""
+    T = _validate.check_int("T", T, lo=1)
+    d = model.emb.embedding_dim
+    x = torch.zeros(1, T, d, device=model.emb.weight.device)
+    with torch.no_grad():
+        return count_flops(lambda: [blk.mixer(x) for blk in model.blocks])
+
+
+def quadratic_coefficient(lengths: tuple[int, int], flops: tuple[int, int]) -> float:
+    """``a`` of ``F(T) = a T^2 + b T`` through two counted points (no constant term: every FLOP of a
+    mixer is per token or per pair of tokens). ``F(T)/T = a T + b``, so ``a`` is that line's slope."""
+    (t1, t2), (f1, f2) = lengths, flops
+    if t1 == t2:
+        raise ValueError(f"lengths must differ; got {lengths}")
+    return (f2 / t2 - f1 / t1) / (t2 - t1)
+
+
+# ---------------------------------------------------------------------------------------------
+# Probes of a trained model
+# ---------------------------------------------------------------------------------------------
+
+def recall_by_pair(model: nn.Module, n_pairs: int, *, batch: int = 256, n_keys: int, n_values: int,
+                   generator: torch.Generator | None = None) -> torch.Tensor:
+    """Recall of each written pair, by its place ``i = 0 .. n_pairs - 1`` in the list (pair 0 is
+    written first, the longest before the queries): ``[n_pairs]`` fractions of the queries for that
+    pair answered correctly, over a fresh batch in which every key is asked once. ``n_pairs`` may
+    exceed the number the model was trained on (length generalisation)."""
+    x, y = mqar_batch(batch, n_pairs, n_keys=n_keys, n_values=n_values, generator=generator,
+                      device=model.emb.weight.device)
+    with torch.no_grad():
+        right = model(x).argmax(-1) == y
+    keys, queries = x[:, 0:2 * n_pairs:2], x[:, 2 * n_pairs:]
+    which = (queries[:, :, None] == keys[:, None, :]).float().argmax(-1)     # [batch, queries]: pair asked
+    right = right[:, 2 * n_pairs:].float()
+    counts = torch.zeros(n_pairs).index_add_(0, which.reshape(-1).cpu(), torch.ones(which.numel()))
+    hits = torch.zeros(n_pairs).index_add_(0, which.reshape(-1).cpu(), right.reshape(-1).cpu())
+    return hits / counts
+
+
+def answers_a_commonest_value(tokens: torch.Tensor, answers: torch.Tensor, n_pairs: int) -> torch.Tensor:
+    """For each query position of an MQAR batch, whether ``answers`` there (tokens, ``[B, T]``: a
+    model's predictions, or the targets) is one of the values listed most often among the
+    ``n_pairs`` pairs (``[B, T - 2 n_pairs]`` bools). A model that counts the values it has seen,
+    without binding them to their keys, answers with a commonest value every time; the right answer
+    is one only as often as this says for the targets."""
+    values = tokens[:, 1:2 * n_pairs:2]
+    listed = (answers[:, 2 * n_pairs:, None] == values[:, None, :]).sum(-1)          # [B, queries]
+    counts = (values[:, :, None] == values[:, None, :]).sum(-1)                       # [B, n_pairs]
+    return listed == counts.max(-1, keepdim=True).values
+
+
+def recall_without(model: nn.Module, layers: Sequence[int], tokens: torch.Tensor, targets: torch.Tensor) -> float:
+    """Recall (as :func:`attnlib.experiments.mqar.recall_accuracy`) with the token mixers of
+    ``layers`` switched off (the mixer's output, and with it the short convolution's, replaced by
+    zeros: the block keeps its residual path and its MLP). Which layers the recall depends on."""
+    handles = [model.blocks[i].mixer.register_forward_hook(lambda mod, inp, out: torch.zeros_like(out))
+               for i in layers]
+    try:
+        with torch.no_grad():
+            pred = model(tokens).argmax(-1)
+    finally:
+        for h in handles:
+            h.remove()
+    keep = targets != IGNORE
+    return (pred[keep] == targets[keep]).float().mean().item()
+
+
+__all__ = ["ALL_LINEAR", "LINEAR_MIXERS", "hybrid_pattern", "full_fraction", "ratio_label", "mixer_flops",
+           "quadratic_coefficient", "recall_by_pair", "answers_a_commonest_value", "recall_without"]
