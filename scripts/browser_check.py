@@ -46,6 +46,7 @@ MECHANISM_MAP_PAGES = (
     "book/04_deltanet.html",
     "book/05_anna.html",
     "book/06_grassmann.html",
+    "book/07_landscape.html",
 )
 MAX_PAGE_BYTES = 1_500_000
 # loaded by every page and cached by the browser: not counted in a page's weight
