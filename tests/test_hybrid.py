@@ -59,7 +59,7 @@ def test_pattern_bad_arguments_name_the_argument():
 
 
 def test_ratio_labels():
-    assert [ratio_label(r) for r in (ALL_LINEAR, 7, 3, 1, 0)] == ["all-linear", "1:7", "1:3", "1:1", "all-softmax"]
+    assert [ratio_label(r) for r in (ALL_LINEAR, 7, 3, 1, 0)] == ["all-linear", "7:1", "3:1", "1:1", "all-softmax"]
 
 
 def test_a_model_takes_one_mixer_per_layer():

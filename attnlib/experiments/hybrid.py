@@ -63,10 +63,11 @@ def full_fraction(pattern: Sequence[str]) -> float:
 
 
 def ratio_label(ratio: float) -> str:
-    """How the chapter writes a ratio: full:linear layers ("all-linear", "1:7", ..., "all-softmax")."""
+    """How the chapter writes a ratio: linear:full layers, as the published designs do ("all-linear",
+    "7:1", "3:1", "1:1", "all-softmax")."""
     if ratio == ALL_LINEAR:
         return "all-linear"
-    return "all-softmax" if ratio == 0 else f"1:{ratio}"
+    return "all-softmax" if ratio == 0 else f"{ratio}:1"
 
 
 # ---------------------------------------------------------------------------------------------

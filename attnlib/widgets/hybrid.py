@@ -26,7 +26,7 @@ def hybrid_recall_figure(recall: Mapping[str, Mapping[float, Sequence[float]]], 
     seeds as points (spread sideways a little, in seed order, so that equal values stay visible) and
     their mean as a line. With more than one mixer a slider steps through them (the same axes).
     ``chance``: a dotted line at the recall of a uniform guess. ``ratio_labels[fraction]``: the tick
-    text (e.g. ``"1/8<br>1:7"``)."""
+    text (e.g. ``"1/8<br>7:1"``)."""
     if not recall or any(not per for per in recall.values()):
         raise ValueError("recall must hold at least one mixer with at least one fraction")
     fractions = sorted({f for per in recall.values() for f in per})
