@@ -9,7 +9,7 @@ import torch
 
 from attnlib.experiments import landscape as L
 from attnlib.experiments.recall import recall_vs_pairs
-from attnlib.widgets.landscape import landscape_figure, markdown_table, table_figure
+from attnlib.widgets.landscape import html_table, landscape_figure, markdown_table, table_figure
 
 # Small enough to count in a second; every size a mechanism has is different, so a formula that swaps
 # two of them fails.
@@ -166,3 +166,10 @@ def test_tables_render():
     md = markdown_table(rows, {"a": "A", "b": "B"}, {"a": ",.0f"})
     assert md.splitlines()[2] == "| 1,234 | — |" or md.splitlines()[2] == "| 1,235 | — |"
     assert len(table_figure(rows, {"a": "A", "b": "B"}).data) == 1
+
+
+def test_the_html_table_holds_the_markdown_tables_cells_escaped():
+    rows = [{"a": 1234.5, "b": "<x> & y"}, {"a": None, "b": "z"}]
+    html = html_table(rows, {"a": "A", "b": "B"}, {"a": ",.0f"})
+    assert html.count("<tr>") == 3 and "<th>A</th><th>B</th>" in html
+    assert "<td>&lt;x&gt; &amp; y</td>" in html and "<td>—</td>" in html

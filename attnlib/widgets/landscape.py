@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from html import escape
 
 import plotly.graph_objects as go
 
@@ -99,6 +100,18 @@ def markdown_table(rows: Sequence[Mapping], columns: Mapping[str, str],
     rule = "|" + "|".join("---" for _ in columns) + "|"
     body = ["| " + " | ".join(_cell(r.get(k), formats.get(k)) for k in columns) + " |" for r in rows]
     return "\n".join([head, rule, *body])
+
+
+def html_table(rows: Sequence[Mapping], columns: Mapping[str, str],
+               formats: Mapping[str, str] | None = None) -> str:
+    """The same table as :func:`markdown_table`, as HTML: what a chapter page can paste from a lab (a
+    glued output reaches another page only as HTML, text or an image, not as Markdown)."""
+    formats = formats or {}
+    head = "".join(f"<th>{escape(h)}</th>" for h in columns.values())
+    body = "".join("<tr>" + "".join(f"<td>{escape(_cell(r.get(k), formats.get(k)))}</td>" for k in columns)
+                   + "</tr>" for r in rows)
+    return (f'<table class="table glued-table"><thead><tr>{head}</tr></thead>'
+            f"<tbody>{body}</tbody></table>")
 
 
 def table_figure(rows: Sequence[Mapping], columns: Mapping[str, str], formats: Mapping[str, str] | None = None, *,
