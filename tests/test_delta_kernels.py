@@ -89,7 +89,8 @@ def test_tril_inverse_times_the_matrix_is_the_identity(log_chunk, size, seed):
 
 # (T, D, Dv, chunk, block): ``block`` forces 16-wide key and value tiles, so D and Dv are walked in pieces
 CASES = [(1, 12, 20, 16, None), (17, 24, 8, 32, None), (45, 12, 20, 16, None), (70, 24, 40, 32, 16),
-         (130, 12, 20, 64, None), (90, 40, 24, 64, 16)]
+         (130, 12, 20, 64, None), (90, 40, 24, 64, 16),
+         (37, 4, 4, 32, None)]   # width-4 heads, as chapter 7's hybrid MQAR models use
 
 
 def check_against_recurrence(T, D, Dv, chunk, block, gated, gate, rel_err):

@@ -38,7 +38,8 @@ def reference_grads(q, k, v, S0, do, dS, *, scale, causal):
 @pytest.mark.parametrize("T,D,Dv,chunk,block_v", [(1, 12, 20, 16, None), (17, 24, 8, 32, None),
                                                   (45, 12, 20, 16, None), (70, 24, 40, 32, 16),
                                                   (130, 12, 20, 64, None),
-                                                  (40, 136, 24, 16, None)])   # D > 128: the two-pass forward
+                                                  (40, 136, 24, 16, None),    # D > 128: the two-pass forward
+                                                  (37, 4, 4, 32, None)])      # width 4: chapter 7's hybrids
 def test_forward_and_every_gradient_match_float64_recurrence(T, D, Dv, chunk, block_v, causal, rel_err):
     q, k, v, S0, do, dS = inputs(2, 1, T, D, Dv, seed=T)
     o_r, S_r, grads_r = reference_grads(q, k, v, S0, do, dS, scale=0.7, causal=causal)
