@@ -21,7 +21,6 @@ layer. Memory "per token" is the layer's cache or state after ``T`` tokens, divi
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -35,7 +34,7 @@ from ..deltanet import delta_rule_chunk_reference, delta_rule_decode_step
 from ..grassmann import n_pairs, plucker_projection_collapsed
 from ..linear import linear_attention_chunk_reference, linear_attention_decode_step
 from ..topk import index_scores_reference, topk_attention_reference, topk_select_reference
-from .linear import count_flops
+from .linear import count_flops, interleaved_cpu_ms
 
 MECHANISMS = ("softmax", "block_sparse", "linear", "delta", "gated_delta", "anna", "grassmann", "topk", "hybrid")
 LABELS = {"softmax": "softmax (causal)", "block_sparse": "block-sparse (local band)", "linear": "linear",
@@ -444,12 +443,6 @@ def gpu_rows(results: Mapping[str, Mapping | None], *, ops=None) -> list[dict]:
     return out
 
 
-def _cpu_ms(fn) -> float:
-    t0 = time.process_time()
-    fn()
-    return (time.process_time() - t0) * 1e3
-
-
 def cpu_decode_times(contexts: Sequence[int], cfg: HeadConfig, *, reps: int = 7, generator: torch.Generator,
                      mechanisms: Sequence[str] = ("softmax", "linear", "gated_delta")) -> dict[str, dict[str, list]]:
     """CPU time (``time.process_time``, one thread, ms) of one decode step per mechanism at each context
@@ -472,17 +465,7 @@ def cpu_decode_times(contexts: Sequence[int], cfg: HeadConfig, *, reps: int = 7,
         calls["gated_delta", t] = lambda q1=q1, k1=k1, v1=v1, S=S, b=beta, g=g: delta_rule_decode_step(
             q1, k1, v1, b, S, g=g)
     calls = {key: fn for key, fn in calls.items() if key[0] in mechanisms}
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    samples: dict[tuple, list[float]] = {key: [] for key in calls}
-    try:
-        for fn in calls.values():
-            fn()                                                   # warm-up
-        for _ in range(reps):
-            for key, fn in calls.items():
-                samples[key].append(_cpu_ms(fn))
-    finally:
-        torch.set_num_threads(threads)
+    samples = interleaved_cpu_ms(calls, reps)
     out: dict[str, dict[str, list]] = {}
     for m in mechanisms:
         qs = np.array([np.percentile(samples[m, t], [25, 50, 75]) for t in contexts])

@@ -79,6 +79,27 @@ def _cpu_ms(fn) -> float:
     return (time.process_time() - t0) * 1e3
 
 
+def interleaved_cpu_ms(calls: Mapping, reps: int, *, progress=None) -> dict:
+    """CPU time (``time.process_time``, ms, on one thread) of every call in ``calls`` (``{key: fn}``),
+    ``reps`` times each. After one warm-up call each (first calls allocate), the repeats are
+    *interleaved*: each round times every call once, so a burst of load from another process spreads
+    over all points instead of bending one of them. Returns ``{key: [ms, ...]}``."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    samples = {key: [] for key in calls}
+    try:
+        for fn in calls.values():
+            fn()
+        for _ in range(reps):
+            for key, fn in calls.items():
+                samples[key].append(_cpu_ms(fn))
+            if progress is not None:
+                progress.update(1)
+    finally:
+        torch.set_num_threads(threads)
+    return samples
+
+
 def measure_scaling(lengths: Sequence[int], dims: Sequence[int], *, batch: int = 1, heads: int = 4,
                     chunk_size: int = 64, reps: int = 5, seed: int = 0,
                     progress=None) -> dict[int, dict[str, list[float]]]:
@@ -95,8 +116,6 @@ def measure_scaling(lengths: Sequence[int], dims: Sequence[int], *, batch: int =
     """
     if reps < 1:
         raise ValueError(f"reps must be >= 1; got {reps}")
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
     g = torch.Generator().manual_seed(seed)
     calls = {}
     for D in dims:
@@ -105,17 +124,7 @@ def measure_scaling(lengths: Sequence[int], dims: Sequence[int], *, batch: int =
             calls[D, T, "softmax"] = lambda q=q, k=k, v=v: F.scaled_dot_product_attention(q, k, v, is_causal=True)
             calls[D, T, "linear"] = lambda q=q, k=k, v=v: linear_attention(q, k, v, chunk_size=chunk_size,
                                                                           backend="torch")
-    samples: dict[tuple, list[float]] = {key: [] for key in calls}
-    try:
-        for fn in calls.values():                      # warm-up: first calls allocate
-            fn()
-        for _ in range(reps):
-            for key, fn in calls.items():
-                samples[key].append(_cpu_ms(fn))
-            if progress is not None:
-                progress.update(1)
-    finally:
-        torch.set_num_threads(threads)
+    samples = interleaved_cpu_ms(calls, reps, progress=progress)
     out: dict[int, dict[str, list[float]]] = {}
     for D in dims:
         row: dict[str, list[float]] = {"T": list(lengths)}

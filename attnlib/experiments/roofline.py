@@ -24,9 +24,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from torch.utils.flop_counter import FlopCounterMode
 
 from .. import _validate
+from .linear import count_flops
 
 
 @dataclass(frozen=True)
@@ -76,7 +76,8 @@ def count_forward_flops(op: str, B: int, H: int, T: int, D: int, *, causal: bool
         return torch.empty(*shape, device="meta", dtype=dtype)
 
     q, k, v = x(B, H, T, D), x(B, H, T, D), x(B, H, T, D)
-    with FlopCounterMode(display=False) as counter:
+
+    def forward():
         if op == "softmax":
             attnlib.softmax_attention(q, k, v, causal=False, backend="torch")
         elif op == "linear":
@@ -84,7 +85,8 @@ def count_forward_flops(op: str, B: int, H: int, T: int, D: int, *, causal: bool
         else:
             g = x(B, H, T, dtype=torch.float32) if op == "gated_delta" else None
             attnlib.delta_rule(q, k, v, x(B, H, T), g=g, backend="torch")
-    flops = int(counter.get_total_flops())
+
+    flops = count_flops(forward)
     return flops // 2 if op == "softmax" and causal else flops
 
 

@@ -17,7 +17,7 @@ chapter 2's planted needle and its closed forms are :mod:`attnlib.needle`. This 
   attention over planted needles in a power-law tail, the indexer trained on it (dense KL warm-up, then
   the KL on the selected set), and its recall ``p(S)`` against ``k``, ``H_I`` and ``d_I``.
 * :func:`per_pair_flops`, :func:`topk_attention_flops`, :func:`break_even_length` -- counted FLOPs
-  (``torch.utils.flop_counter`` on the references, on the ``meta`` device) and ``T* = k / (1 - rho)``.
+  (``torch.utils.flop_counter`` on the references, on the ``meta`` device) and ``T* = k / (1 - r_I)``.
 
 Every random choice comes from a ``torch.Generator`` the caller passes in.
 """
@@ -41,6 +41,7 @@ from ..topk import (
     topk_select,
 )
 from .linear import count_flops
+from .weights import softmax_weights
 
 F64 = torch.float64
 
@@ -61,14 +62,6 @@ def _check_generator(generator) -> torch.Generator:
 # ---------------------------------------------------------------------------------------------
 # 1. The transport reading
 # ---------------------------------------------------------------------------------------------
-
-def dense_plan(q: torch.Tensor, k: torch.Tensor, *, scale: float | None = None, causal: bool = True) -> torch.Tensor:
-    """Softmax attention's plan ``[B, H, Tq, Tk]`` (float64): the operator applied to one-hot values."""
-    D, Tk = q.shape[-1], k.shape[-2]
-    scale = 1.0 / math.sqrt(D) if scale is None else scale
-    eye = torch.eye(Tk, dtype=F64).expand(*k.shape[:2], Tk, Tk)
-    return softmax_attention_reference(q.double(), k.double(), eye, scale=scale, causal=causal)[0]
-
 
 def restrict(p: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """``p`` restricted to ``mask`` and renormalised along the last dim (the chapter's ``p~``)."""
@@ -97,7 +90,7 @@ def transport_reading(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, indices
     visible keys."""
     T, D = q.shape[-2], q.shape[-1]
     scale = 1.0 / math.sqrt(D)
-    p = dense_plan(q, k, scale=scale, causal=causal)[0, 0]                       # [T, T]
+    p = softmax_weights(q[0, 0], k[0, 0], tau=math.sqrt(D), causal=causal)              # [T, T]
     mask = selection_mask(indices, T)[0, 0]                                      # [T, T]
     pt = restrict(p, mask)
     mass = (p * mask).sum(-1)
@@ -157,7 +150,7 @@ def mechanism_map(T: int, d: int, ks, *, generator: torch.Generator, n_heads: in
     q = torch.randn(1, 1, T, d, generator=g, dtype=F64) * math.sqrt(spread) / d ** 0.25
     k = torch.randn(1, 1, T, d, generator=g, dtype=F64) * math.sqrt(spread) / d ** 0.25
     iq, ik, iw = noisy_indexer(q, k, n_heads=n_heads, noise=noise, generator=g)
-    p = dense_plan(q, k)[0, 0]
+    p = softmax_weights(q[0, 0], k[0, 0], tau=math.sqrt(q.shape[-1]), causal=True)
     scores = index_scores(iq, ik, iw)
     causal = torch.ones(T, T, dtype=torch.bool).tril()
     out = dict(plan=p, scores=torch.where(causal, scores[0, 0], float("nan")), ks=[int(x) for x in ks],
@@ -357,26 +350,26 @@ def _meta(*shape):
     return torch.empty(*shape, device="meta")
 
 
-def indexer_flops(L_q: int, L_k: int, n_heads: int, head_dim: int) -> int:
-    """Counted FLOPs of :func:`attnlib.topk.index_scores_reference` for ``L_q`` queries and ``L_k`` keys
+def indexer_flops(T_q: int, T_k: int, n_heads: int, head_dim: int) -> int:
+    """Counted FLOPs of :func:`attnlib.topk.index_scores_reference` for ``T_q`` queries and ``T_k`` keys
     (matrix products only: the ReLU-weighted sum over heads is ``2 H_I`` more per pair, uncounted)."""
-    return count_flops(lambda: index_scores_reference(_meta(1, n_heads, L_q, head_dim), _meta(1, 1, L_k, head_dim),
-                                                      _meta(1, n_heads, L_q)))
+    return count_flops(lambda: index_scores_reference(_meta(1, n_heads, T_q, head_dim), _meta(1, 1, T_k, head_dim),
+                                                      _meta(1, n_heads, T_q)))
 
 
-def attention_flops(L_q: int, L_k: int, n_heads: int, d_qk: int, d_v: int) -> int:
+def attention_flops(T_q: int, T_k: int, n_heads: int, d_qk: int, d_v: int) -> int:
     """Counted FLOPs of dense softmax attention (:func:`attnlib.attention.softmax_attention_reference`,
     non-causal: every pair) with ``n_heads`` heads."""
-    return count_flops(lambda: softmax_attention_reference(_meta(1, n_heads, L_q, d_qk), _meta(1, n_heads, L_k, d_qk),
-                                                           _meta(1, n_heads, L_k, d_v), scale=1.0))
+    return count_flops(lambda: softmax_attention_reference(_meta(1, n_heads, T_q, d_qk), _meta(1, n_heads, T_k, d_qk),
+                                                           _meta(1, n_heads, T_k, d_v), scale=1.0))
 
 
-def topk_attention_flops(L_q: int, L_k: int, top_k: int, n_heads: int, d_qk: int, d_v: int) -> int:
+def topk_attention_flops(T_q: int, T_k: int, top_k: int, n_heads: int, d_qk: int, d_v: int) -> int:
     """Counted FLOPs of :func:`attnlib.topk.topk_attention_reference` (the attention over ``top_k``
     gathered keys per query; the selection is given)."""
-    idx = torch.empty(1, 1, L_q, top_k, dtype=torch.int64, device="meta")
-    return count_flops(lambda: topk_attention_reference(_meta(1, n_heads, L_q, d_qk), _meta(1, n_heads, L_k, d_qk),
-                                                        _meta(1, n_heads, L_k, d_v), idx, scale=1.0))
+    idx = torch.empty(1, 1, T_q, top_k, dtype=torch.int64, device="meta")
+    return count_flops(lambda: topk_attention_reference(_meta(1, n_heads, T_q, d_qk), _meta(1, n_heads, T_k, d_qk),
+                                                        _meta(1, n_heads, T_k, d_v), idx, scale=1.0))
 
 
 def mla_mqa_dims(config: dict = DEEPSEEK_V32) -> dict[str, int]:
@@ -388,7 +381,7 @@ def mla_mqa_dims(config: dict = DEEPSEEK_V32) -> dict[str, int]:
 
 def per_pair_flops(config: dict = DEEPSEEK_V32, *, length: int = 64) -> dict[str, float]:
     """Counted FLOPs per (query, key) pair of the indexer and of MLA's attention (MQA mode), and their
-    ratio ``r``, for a DeepSeek-V3.2-shaped layer (counted on ``length`` x ``length`` meta tensors)."""
+    ratio ``r_I``, for a DeepSeek-V3.2-shaped layer (counted on ``length`` x ``length`` meta tensors)."""
     mla = mla_mqa_dims(config)
     pairs = length * length
     idx = indexer_flops(length, length, config["index_n_heads"], config["index_head_dim"]) / pairs
@@ -397,7 +390,7 @@ def per_pair_flops(config: dict = DEEPSEEK_V32, *, length: int = 64) -> dict[str
 
 
 def break_even_length(top_k: int, ratio: float) -> float:
-    """``T* = k / (1 - rho)``: per query, the top-k layer costs ``rho T + k`` attention-pairs (the indexer
+    """``T* = k / (1 - r_I)``: per query, the top-k layer costs ``r_I T + k`` attention-pairs (the indexer
     scores all ``T`` keys, the attention reads ``k``) against dense attention's ``T``."""
     if not 0 <= ratio < 1:
         raise ValueError(f"ratio must be in [0, 1) (an indexer cheaper than the attention); got {ratio}")
@@ -423,7 +416,7 @@ def cache_elements_per_token(config: dict = DEEPSEEK_V32) -> dict[str, int]:
     return dict(dense=dense, topk=dense + config["index_head_dim"])
 
 
-__all__ = ["DEEPSEEK_V32", "dense_plan", "restrict", "eot_plan_on_support", "transport_reading", "tight_values",
+__all__ = ["DEEPSEEK_V32", "restrict", "eot_plan_on_support", "transport_reading", "tight_values",
            "random_rows", "noisy_indexer", "mechanism_map", "blind_needle", "PlantedTask", "planted_task", "Indexer",
            "train_indexer", "recall", "recall_grid", "indexer_flops", "attention_flops", "topk_attention_flops",
            "mla_mqa_dims", "per_pair_flops", "break_even_length", "decode_flops", "cache_elements_per_token"]
