@@ -3,8 +3,8 @@
 ``landscape_figure`` draws what :func:`attnlib.experiments.landscape.landscape_curves` computed -- FLOPs
 per token of prefill, of decode, and memory per token of context, against the context length on log-log
 axes -- with a Plotly slider (precomputed frames: it works in the static book) switching between the
-three, and the crossovers the lab computed marked on their panel. ``markdown_table`` and
-``table_figure`` render rows of dicts. Nothing here computes a cost.
+three, and the crossovers the lab computed marked on their panel. ``html_table`` renders
+rows of dicts. Nothing here computes a cost.
 """
 
 from __future__ import annotations
@@ -91,21 +91,11 @@ def _cell(value, fmt: str | None) -> str:
     return str(value)
 
 
-def markdown_table(rows: Sequence[Mapping], columns: Mapping[str, str],
-                   formats: Mapping[str, str] | None = None) -> str:
-    """A Markdown table of ``rows`` (dicts): ``columns`` maps a key to its header, ``formats`` a key to a
-    format spec (``",.0f"``, ``".2f"`` ...). ``None`` shows as a dash."""
-    formats = formats or {}
-    head = "| " + " | ".join(columns.values()) + " |"
-    rule = "|" + "|".join("---" for _ in columns) + "|"
-    body = ["| " + " | ".join(_cell(r.get(k), formats.get(k)) for k in columns) + " |" for r in rows]
-    return "\n".join([head, rule, *body])
-
-
 def html_table(rows: Sequence[Mapping], columns: Mapping[str, str],
                formats: Mapping[str, str] | None = None) -> str:
-    """The same table as :func:`markdown_table`, as HTML: what a chapter page can paste from a lab (a
-    glued output reaches another page only as HTML, text or an image, not as Markdown)."""
+    """An HTML table of ``rows`` (dicts): ``columns`` maps a key to its header, ``formats`` a key to a
+    format spec (``",.0f"``, ``".2f"`` ...); ``None`` shows as a dash. HTML, because a glued output
+    reaches another page (the chapter's) only as HTML, text or an image, not as Markdown."""
     formats = formats or {}
     head = "".join(f"<th>{escape(h)}</th>" for h in columns.values())
     body = "".join("<tr>" + "".join(f"<td>{escape(_cell(r.get(k), formats.get(k)))}</td>" for k in columns)
@@ -114,15 +104,4 @@ def html_table(rows: Sequence[Mapping], columns: Mapping[str, str],
             f"<tbody>{body}</tbody></table>")
 
 
-def table_figure(rows: Sequence[Mapping], columns: Mapping[str, str], formats: Mapping[str, str] | None = None, *,
-                 title: str = "", height: int | None = None) -> go.Figure:
-    """The same table as a Plotly ``Table`` (for a page that shows figures, not Markdown)."""
-    formats = formats or {}
-    cells = [[_cell(r.get(k), formats.get(k)) for r in rows] for k in columns]
-    fig = go.Figure(go.Table(header=dict(values=list(columns.values()), align="left", fill_color="#f0f0f0"),
-                             cells=dict(values=cells, align="left")))
-    fig.update_layout(title=title, height=height or 80 + 30 * (len(rows) + 1), margin=dict(l=10, r=10, t=50, b=10))
-    return fig
-
-
-__all__ = ["landscape_figure", "markdown_table", "table_figure"]
+__all__ = ["html_table", "landscape_figure"]
