@@ -28,7 +28,7 @@ import torch.nn as nn
 
 from .. import _validate
 from .linear import count_flops
-from .mqar import IGNORE, MIXERS, mqar_batch
+from .mqar import MIXERS, mqar_batch, recall_accuracy
 
 LINEAR_MIXERS = tuple(m for m in MIXERS if m != "softmax")
 ALL_LINEAR = math.inf          # the ratio of a model without full layers (f = 1 / (inf + 1) = 0)
@@ -135,13 +135,10 @@ def recall_without(model: nn.Module, layers: Sequence[int], tokens: torch.Tensor
     handles = [model.blocks[i].mixer.register_forward_hook(lambda mod, inp, out: torch.zeros_like(out))
                for i in layers]
     try:
-        with torch.no_grad():
-            pred = model(tokens).argmax(-1)
+        return recall_accuracy(model, tokens, targets)
     finally:
         for h in handles:
             h.remove()
-    keep = targets != IGNORE
-    return (pred[keep] == targets[keep]).float().mean().item()
 
 
 __all__ = ["ALL_LINEAR", "LINEAR_MIXERS", "hybrid_pattern", "full_fraction", "ratio_label", "mixer_flops",
