@@ -136,20 +136,28 @@ def _fmt(x) -> str:
     return "-" if x is None else str(x)
 
 
-def write_results(rows: list[dict], *, op: str, out_dir: Path | None = None) -> Path:
-    """Write the JSON file and return its path."""
+def header() -> dict:
+    """What every results file starts with: ``{"device", "date", "versions"}``."""
+    return {"device": device_name(), "date": _dt.date.today().isoformat(), "versions": versions()}
+
+
+def result_file(head: dict, op: str, out_dir: Path | None = None) -> Path:
+    """``<out_dir>/<device>-<date>-<op>.json`` for the :func:`header` ``head`` (the directory is made)."""
     out_dir = Path(out_dir) if out_dir else RESULTS
     out_dir.mkdir(parents=True, exist_ok=True)
-    dev = device_name()
-    date = _dt.date.today().isoformat()
-    slug = re.sub(r"[^A-Za-z0-9]+", "-", dev).strip("-").lower()
-    path = out_dir / f"{slug}-{date}-{op}.json"
+    slug = re.sub(r"[^A-Za-z0-9]+", "-", head["device"]).strip("-").lower()
+    return out_dir / f"{slug}-{head['date']}-{op}.json"
+
+
+def write_results(rows: list[dict], *, op: str, out_dir: Path | None = None) -> Path:
+    """Write the JSON file and return its path."""
     rows = [{"pass": "fwd", "peak_mem_bytes": None, **r} for r in rows]       # the schema's defaults
     bad = [r["pass"] for r in rows if r["pass"] not in PASSES]
     if bad:
         raise ValueError(f"row pass must be one of {PASSES}; got {bad[0]!r}")
-    path.write_text(json.dumps({"device": dev, "date": date, "versions": versions(), "rows": rows},
-                               indent=1) + "\n")
+    head = header()
+    path = result_file(head, op, out_dir)
+    path.write_text(json.dumps({**head, "rows": rows}, indent=1) + "\n")
     return path
 
 
