@@ -55,6 +55,10 @@ import time
 import zipfile
 from pathlib import Path
 
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+from packaging.version import Version
+
 ROOT = Path(__file__).resolve().parent.parent
 WHEELS = ROOT / ".whl"
 SITE = Path("/tmp/site")
@@ -94,11 +98,6 @@ BENCH = {
     "grassmann": [],
 }
 LABS = {p.name.split("_")[0]: p for p in sorted((ROOT / "notebooks").glob("*.ipynb"))}
-
-
-def canonical(name: str) -> str:
-    """A distribution name as pip compares them (PEP 503)."""
-    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 # --------------------------------------------------------------------------------------------------
@@ -327,9 +326,9 @@ def wheel_set() -> dict[str, str]:
 
 def download_wheels() -> int:
     WHEELS.mkdir(exist_ok=True)
-    have = {canonical(w.name.split("-")[0]): w for w in WHEELS.glob("*.whl")}
+    have = {canonicalize_name(w.name.split("-")[0]): w for w in WHEELS.glob("*.whl")}
     for name, ver in wheel_set().items():
-        old = have.get(canonical(name))
+        old = have.get(canonicalize_name(name))
         if old is not None and old.name.split("-")[1] == ver:
             continue
         if old is not None:
@@ -352,14 +351,12 @@ def device_packages(path: Path = DEVICE_PACKAGE_LIST) -> set[str]:
     if not path.exists():
         return set()
     m = re.search(r"Packages: (.*?)\.\s*$", path.read_text(), flags=re.M)
-    return {canonical(n) for n in m.group(1).split(", ")} if m else set()
+    return {canonicalize_name(n) for n in m.group(1).split(", ")} if m else set()
 
 
 def check_closure(wheels: list[Path], on_device: set[str]) -> list[str]:
     """Each requirement the wheels declare for CPython 3.12 on Linux (no extras) that neither another
     wheel (at a version the requirement admits) nor the device provides."""
-    from packaging.requirements import Requirement
-    from packaging.version import Version
 
     carried = {}
     metas = {}
@@ -367,7 +364,7 @@ def check_closure(wheels: list[Path], on_device: set[str]) -> list[str]:
         with zipfile.ZipFile(w) as z:
             meta = next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))
             metas[w.name] = z.read(meta).decode()
-        carried[canonical(w.name.split("-")[0])] = Version(w.name.split("-")[1])
+        carried[canonicalize_name(w.name.split("-")[0])] = Version(w.name.split("-")[1])
     problems = []
     for wname, meta in metas.items():
         for line in meta.splitlines():
@@ -376,7 +373,7 @@ def check_closure(wheels: list[Path], on_device: set[str]) -> list[str]:
             req = Requirement(line.split(":", 1)[1].strip())
             if req.marker is not None and not req.marker.evaluate(DEVICE_MARKERS):
                 continue
-            name = canonical(req.name)
+            name = canonicalize_name(req.name)
             if name in carried:
                 if req.specifier and carried[name] not in req.specifier:
                     problems.append(f"{wname} needs {req}, carried {carried[name]}")
