@@ -2,7 +2,22 @@
 
     from attnlib.lab import setup
     lab = setup(seed=0)          # lab.device, lab.quick, lab.scale(small, large), lab.triton_kernels
-    lab.check("the plan's rows sum to 1", err < 1e-12, f"max error {err:.1e}")   # ✓ on the page
+    lab.check("Newton's method lands on softmax", err < 1e-8, f"max error {err:.1e}")  # ✓ on the page
+
+Three marks, so that the reader can tell what a line is worth (all three validate the condition
+alike and raise :class:`LabCheckFailed` when it is false):
+
+* ``lab.check`` prints ✓: a verification. Something *independent* agreed with the claim: a definition
+  written out in the lab, a closed form, another algorithm, solver or library (autograd, SciPy, POT, a
+  FLOP counter), or a measured quantity held to a margin it could miss. Never a function against
+  itself.
+* ``lab.identity`` prints ≡: an identity, a definition or a theorem re-checked on this data (a bound
+  or an equality that holds for every input, a derivative re-checked by autograd), or a property true
+  by construction (rows normalised, ``exp`` positive, a mask's zeros), or a function against itself in
+  another form (its causal run against its own non-causal runs). It can only fail if the code is broken.
+* ``lab.illustrate`` prints ◦: worked numbers. Arithmetic on typed or committed numbers, a reading of
+  a figure or of a committed result file, or an example that shows a claim on this data where it
+  could hardly fail (a near-certain property of random data).
 
 Quick mode (the default on a CPU: CI's 2 cores must run each notebook in about a minute) shrinks
 the experiments; on a GPU, or with ``ATTNBOOK_FULL=1``, they run at full scale.
@@ -53,25 +68,51 @@ class Lab:
         return self.seed * 100_003 + offset
 
     def check(self, claim: str, condition, detail: str = "") -> None:
-        """A claim the page verifies, shown to the reader: prints ``✓ claim  (detail)`` when
-        ``condition`` holds and raises :class:`LabCheckFailed` with the same text when it does not.
+        """A claim the page verifies against something independent, shown to the reader: prints
+        ``✓ claim  (detail)`` when ``condition`` holds and raises :class:`LabCheckFailed` with the same
+        text when it does not.
+
+        Use it only when the condition compares the claim with something that does not share its code
+        or its derivation: a definition written out in the lab, a closed form, another algorithm or
+        library, or a measurement held to a margin it could miss. An identity, a definition or a
+        theorem re-checked on this data, or a property true by construction, is :meth:`identity` (≡);
+        arithmetic on typed or committed numbers, a reading of a figure or of a committed result file,
+        or a near-certain example is :meth:`illustrate` (◦).
 
         ``detail`` carries the measured numbers (and the margin they are held to), so the page shows
         what was verified and by how much, not only that it passed. ``condition`` may be a Python or
         NumPy bool, or a one-element tensor."""
+        self._mark("✓", "check", claim, condition, detail)
+
+    def identity(self, claim: str, condition, detail: str = "") -> None:
+        """An identity, a definition or a theorem re-checked on this data, or a property true by
+        construction: prints ``≡ claim  (detail)``; raises :class:`LabCheckFailed` when ``condition``
+        is false (which only broken code can make it), validating it as :meth:`check` does."""
+        self._mark("≡", "identity", claim, condition, detail)
+
+    def illustrate(self, claim: str, condition, detail: str = "") -> None:
+        """Worked numbers: arithmetic on typed or committed numbers, a reading of a figure or of a
+        committed result file, or an example that could hardly fail. Prints ``◦ claim  (detail)``;
+        raises :class:`LabCheckFailed` when ``condition`` is false, validating it as :meth:`check`
+        does."""
+        self._mark("◦", "illustrate", claim, condition, detail)
+
+    @staticmethod
+    def _mark(mark: str, kind: str, claim: str, condition, detail: str) -> None:
+        """The one implementation behind :meth:`check`, :meth:`identity` and :meth:`illustrate`."""
         if not isinstance(claim, str) or not claim:
-            raise TypeError(f"check: claim must be a non-empty str; got {claim!r}")
+            raise TypeError(f"{kind}: claim must be a non-empty str; got {claim!r}")
         if hasattr(condition, "item"):
             if getattr(condition, "numel", lambda: getattr(condition, "size", 1))() != 1:
-                raise ValueError(f"check {claim!r}: condition must be a single truth value; "
+                raise ValueError(f"{kind} {claim!r}: condition must be a single truth value; "
                                  f"got an array of shape {tuple(condition.shape)}")
             condition = condition.item()
         if not isinstance(condition, (bool, np.bool_)):
-            raise TypeError(f"check {claim!r}: condition must be a bool; got {type(condition).__name__}")
+            raise TypeError(f"{kind} {claim!r}: condition must be a bool; got {type(condition).__name__}")
         line = f"{claim}  ({detail})" if detail else claim
         if not condition:
             raise LabCheckFailed(f"✗ {line}")
-        print(f"✓ {line}")
+        print(f"{mark} {line}")
 
     def glue(self, name: str, value) -> None:
         """Hand a number or text to the chapter page (myst-nb's ``glue``; the page writes

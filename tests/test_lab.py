@@ -1,5 +1,6 @@
 """The labs' common set-up: seeding, quick mode on CPU, and a renderer the built book can show."""
 
+import numpy as np
 import plotly.io as pio
 import pytest
 import torch
@@ -120,3 +121,32 @@ def test_check_refuses_what_is_not_one_truth_value():
         lab.check("a number is not a claim", 0.5)
     with pytest.raises(TypeError, match="non-empty str"):
         lab.check("", True)
+
+
+@pytest.mark.parametrize("mark, name", [("✓", "check"), ("≡", "identity"), ("◦", "illustrate")])
+def test_each_mark_prints_its_sign_and_raises_as_check_does(capsys, mark, name):
+    """check (a verification), identity (≡) and illustrate (◦) print different marks, so the reader can
+    tell them apart, and validate and fail alike."""
+    lab = setup(seed=0)
+    say = getattr(lab, name)
+    say("a claim", torch.tensor(1e-13) < 1e-12, "max error 1.0e-13")
+    say("no detail", np.bool_(True))
+    assert capsys.readouterr().out == f"{mark} a claim  (max error 1.0e-13)\n{mark} no detail\n"
+    with pytest.raises(LabCheckFailed, match=r"✗ error below 0.1  \(measured 0.3\)"):
+        say("error below 0.1", 0.3 < 0.1, "measured 0.3")
+    with pytest.raises(AssertionError):
+        say("false", False)
+    assert capsys.readouterr().out == ""                    # a failed claim prints no mark
+    with pytest.raises(ValueError, match="single truth value"):
+        say("all close", torch.ones(3) > 0)
+    with pytest.raises(TypeError, match="must be a bool"):
+        say("a number is not a claim", 0.5)
+    with pytest.raises(TypeError, match="non-empty str"):
+        say("", True)
+
+
+def test_the_three_marks_are_distinct(capsys):
+    lab = setup(seed=0)
+    for name in ("check", "identity", "illustrate"):
+        getattr(lab, name)("c", True)
+    assert [line.split()[0] for line in capsys.readouterr().out.splitlines()] == ["✓", "≡", "◦"]
