@@ -96,12 +96,30 @@ def test_published_designs_are_computed_from_their_cited_numbers():
     assert qwen["kv_bytes_per_token"] == 12 * 2 * 2 * 256 * 2
     assert rows["MiniMax-Text-01"]["f"] == L.quadratic_share(7)
     assert rows["Jamba-v0.1"]["ratio"] == "7:1" and rows["Jamba-v0.1"]["T_mem_layer"] == 16 * 8192 / (2 * 8 * 128)
-    assert rows["DeepSeek-V3.2-Exp"]["kv_bytes_per_token"] > rows["DeepSeek-V3 (full MLA)"]["kv_bytes_per_token"]
+    # the index key at its stored precision: 128 FP8 bytes and a float32 scale beside 576 bf16 numbers
+    assert rows["DeepSeek-V3.2-Exp"]["kv_bytes_per_token"] - rows["DeepSeek-V3 (full MLA)"]["kv_bytes_per_token"] \
+        == 61 * 132
+    assert rows["DeepSeek-V3 (full MLA)"]["kv_bytes_per_token"] == 61 * 576 * 2
     assert rows["MiniMax-Text-01"]["unverified"] == ["kv_heads"]
     for r in rows.values():
         assert (r["state_bytes"] == 0) == (r["linear"] == 0)
     for s in L.design_sources():
         assert s["source"], s
+
+
+def test_indexer_cost_is_relative_to_the_layer_it_sits_in():
+    hosts = {r["model"]: r for r in L.indexer_hosts()}
+    ds = hosts["DeepSeek-V3.2-Exp"]
+    assert (ds["pair_prefill"], ds["pair_decode"]) == (2 * 128 * (128 + 64 + 128), 2 * 128 * (512 + 64 + 512))
+    assert ds["r_I_decode"] == pytest.approx(1 / 17) and ds["r_I_prefill"] == pytest.approx(1 / 5)
+    qwen = hosts["Qwen3-Next-80B-A3B"]                  # 16 heads of 256: as many FLOPs per pair as the indexer
+    assert qwen["pair_prefill"] == qwen["pair_decode"] == 2 * 16 * 512 and qwen["r_I_decode"] == 1.0
+    assert qwen["f_r_I_decode"] == pytest.approx(0.25)      # a top-k layer there cuts nothing of the T^2 term
+    kimi = hosts["Kimi Linear 48B-A3B"]
+    assert kimi["r_I_decode"] == pytest.approx(16384 / (2 * 32 * 1088)) and kimi["r_I_prefill"] == pytest.approx(0.8)
+    assert kimi["f_r_I_decode"] == pytest.approx(7 / 27 * 16384 / 69632)
+    with pytest.raises(ValueError, match="mode"):
+        L.pair_flops(L.DESIGNS["Jamba-v0.1"], "gqa")
 
 
 def test_gpu_rows_keep_the_device_and_merge_repeats():

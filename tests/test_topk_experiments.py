@@ -1,7 +1,6 @@
 """Chapter 7's top-k experiments: the transport reading against chapter 1's solver, the blind needle
 against chapter 2's closed form, the indexer's training, and the cost on counted work."""
 
-import math
 
 import pytest
 import torch
@@ -79,10 +78,69 @@ def test_visible_needle_is_fetched():
 
 
 def test_blind_needle_refuses_a_k_that_keeps_every_key():
-    with pytest.raises(ValueError, match="must leave a key out"):
-        xt.blind_needle(8, 1.0, 7, generator=_gen(0))
+    with pytest.raises(ValueError, match="must leave one out"):
+        xt.blind_needle(8, 1.0, 8, generator=_gen(0))
+    assert not xt.blind_needle(8, 40.0, 7, generator=_gen(0))["selected_needle"]     # k = T - 1 still misses it
     with pytest.raises(TypeError, match="torch.Generator"):
         xt.blind_needle(8, 1.0, 2, generator=0)
+
+
+@pytest.mark.parametrize("seed,M", [(0, 4.0), (1, 30.0), (2, 80.0), (3, 8.0), (4, 16.0), (5, 64.0)])
+def test_signed_indexer_needle_placed_lowest_is_missed_whatever_the_weights_signs(seed, M):
+    r = xt.signed_indexer_needle(64, M, 16, generator=_gen(seed))
+    assert r["null_dim"] == 128 - 64                       # 64 index queries leave 64 of 128 dims unseen
+    assert r["needle_score"] < r["lowest_haystack_score"] and r["n_above"] == 63
+    assert not r["selected_needle"]
+    assert r["error"] == pytest.approx(needle.uniform_miss_error(64, 16, M), abs=1e-12)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_signed_indexer_needle_scoring_zero_is_missed_exactly_when_k_keys_score_above_it(seed):
+    r = xt.signed_indexer_needle(64, 40.0, 16, place="zero", generator=_gen(seed))
+    assert float(r["head_products"].max()) == pytest.approx(-1.0, abs=1e-9)   # every ReLU is 0 ...
+    assert r["needle_score"] == 0.0                                           # ... whatever the signs
+    assert r["selected_needle"] == (r["n_above"] < 16)
+
+
+def test_signed_indexer_needle_scoring_zero_is_sometimes_selected():
+    # with signed weights a row whose weights lean negative scores most keys below 0: the zero key is fetched
+    picked = [xt.signed_indexer_needle(64, 40.0, 16, place="zero", generator=_gen(s))["selected_needle"]
+              for s in range(8)]
+    assert any(picked) and not all(picked)
+
+
+def test_signed_indexer_needle_checks_its_arguments():
+    with pytest.raises(ValueError, match="d_index"):
+        xt.signed_indexer_needle(16, 1.0, 4, n_index_heads=8, d_index=8, generator=_gen(0))
+    with pytest.raises(ValueError, match="place"):
+        xt.signed_indexer_needle(16, 1.0, 4, place="null", generator=_gen(0))
+
+
+def test_shared_selection_costs_nothing_for_identical_heads_and_hurts_the_worst_head_otherwise():
+    task = dict(content_dim=8, n_planted=4, tail=0.6, beta=4.0)
+    same = xt.shared_selection_loss(xt.head_plans(4, 24, 4, common=1.0, generator=_gen(0), **task), [2, 6],
+                                    first_row=12)
+    assert same["shared"] == pytest.approx(same["own"], abs=1e-6)          # float32 plans
+    assert same["worst_head"] == pytest.approx(same["shared"], abs=1e-6)
+    plans = xt.head_plans(4, 24, 4, common=0.0, generator=_gen(0), **task)
+    assert torch.allclose(plans.sum(-1), torch.ones(4, 4, 24, dtype=plans.dtype))      # still plans
+    apart = xt.shared_selection_loss(plans, [2, 6, 24], first_row=12)
+    for w, s, o in zip(apart["worst_head"], apart["shared"], apart["own"]):
+        assert w <= s + 1e-12 and s <= o + 1e-12         # per-head top-k beats any shared one on average
+    assert apart["worst_head"][0] < apart["own"][0] - 0.1
+    assert apart["shared"][-1] == pytest.approx(1.0)          # k = T keeps every key
+
+
+def test_shared_selection_mean_over_heads_is_the_average_plans_mass():
+    plans = xt.head_plans(2, 16, 3, common=0.3, generator=_gen(5), content_dim=8, n_planted=3)
+    mask = topk.selection_mask(topk.topk_select(plans.mean(1, keepdim=True), 5), 16)
+    by_head = (plans * mask).sum(-1)[..., 8:].mean()
+    assert xt.shared_selection_loss(plans, [5], first_row=8)["shared"][0] == pytest.approx(float(by_head))
+
+
+def test_head_plans_refuses_a_common_share_outside_0_1():
+    with pytest.raises(ValueError, match="common"):
+        xt.head_plans(1, 8, 2, common=1.5, generator=_gen(0))
 
 
 # --- the trained indexer ------------------------------------------------------------------------------
@@ -123,12 +181,16 @@ def test_sparse_stage_trains_only_on_the_selected_set():
 
 # --- cost -------------------------------------------------------------------------------------------
 
-def test_per_pair_flops_match_the_formulas_for_deepseek_v32():
+def test_per_pair_flops_match_the_formulas_for_deepseek_v32_in_both_mla_forms():
     c = xt.per_pair_flops()
     cfg = xt.DEEPSEEK_V32
     assert c["indexer"] == 2 * cfg["index_n_heads"] * cfg["index_head_dim"] == 16_384
-    assert c["attention"] == 2 * cfg["n_heads"] * (2 * cfg["kv_lora_rank"] + cfg["qk_rope_head_dim"]) == 278_528
-    assert c["ratio"] == pytest.approx(1 / 17)
+    assert c["mqa"] == 2 * cfg["n_heads"] * (2 * cfg["kv_lora_rank"] + cfg["qk_rope_head_dim"]) == 278_528
+    assert c["mha"] == 2 * cfg["n_heads"] * (cfg["qk_nope_head_dim"] + cfg["qk_rope_head_dim"] + cfg["v_head_dim"]) \
+        == 81_920
+    assert c["r_I_mqa"] == pytest.approx(1 / 17) and c["r_I_mha"] == pytest.approx(1 / 5)
+    with pytest.raises(ValueError, match="mode"):
+        xt.mla_dims(cfg, "gqa")
 
 
 def test_topk_attention_is_linear_in_L_and_independent_of_k_squared():
@@ -140,7 +202,7 @@ def test_topk_attention_is_linear_in_L_and_independent_of_k_squared():
 
 
 def test_break_even_length_is_where_counted_decode_costs_meet():
-    r = xt.per_pair_flops()["ratio"]
+    r = xt.per_pair_flops()["r_I_mqa"]
     T_star = xt.break_even_length(2048, r)
     assert T_star == pytest.approx(2176)
     at = xt.decode_flops(round(T_star))
@@ -151,10 +213,30 @@ def test_break_even_length_is_where_counted_decode_costs_meet():
         xt.break_even_length(10, 1.0)
 
 
-def test_cache_grows_by_the_index_key():
-    c = xt.cache_elements_per_token()
-    assert c["topk"] - c["dense"] == 128 and c["dense"] == 576
-    assert math.isclose(c["topk"] / c["dense"], 704 / 576)
+def test_prefill_break_even_against_mha_is_where_the_per_query_costs_meet():
+    c = xt.per_pair_flops()
+    T_star = xt.prefill_break_even(2048, dense=c["mha"], sparse=c["mqa"], indexer=c["indexer"])
+    assert T_star == pytest.approx(278_528 * 2048 / (81_920 - 16_384)) and T_star == pytest.approx(8704)
+    dense, sparse = c["mha"] * T_star, c["indexer"] * T_star + c["mqa"] * 2048
+    assert dense == pytest.approx(sparse)
+    same = xt.prefill_break_even(2048, dense=c["mqa"], sparse=c["mqa"], indexer=c["indexer"])
+    assert same == pytest.approx(xt.break_even_length(2048, c["r_I_mqa"]))
+    with pytest.raises(ValueError, match="indexer"):
+        xt.prefill_break_even(8, dense=1.0, sparse=1.0, indexer=1.0)
+
+
+def test_cache_grows_by_the_index_key_at_its_stored_precision():
+    c = xt.cache_bytes_per_token()
+    assert c["dense"] == 576 * 2 and c["topk"] - c["dense"] == 128 + 4      # FP8 key and a float32 scale
+    assert c["topk"] / c["dense"] == pytest.approx(1 + 132 / 1152)
+
+
+def test_decode_bytes_read_every_latent_row_densely_and_every_index_key_sparsely():
+    b = xt.decode_bytes(1000)                         # below k: the top-k layer reads every row and the keys
+    assert b["dense"] == 1000 * 1152 and b["sparse"] == 1000 * (132 + 1152)
+    b = xt.decode_bytes(131_072)
+    assert b["sparse"] == 131_072 * 132 + 2048 * 1152
+    assert xt.decode_bytes(131_072, sparse_latent=656)["sparse"] == 131_072 * 132 + 2048 * 656
 
 
 # --- the figures --------------------------------------------------------------------------------------

@@ -362,6 +362,9 @@ def _figure_builders():
         "topk_map": _topk_map,
         "topk_recall": lambda: _topk_widgets().recall_figure([2, 4], {"a": ([.2, .4], [.01, .02])}, title="recall",
                                                              oracle=([.8, .9], [0, 0]), untrained=([.1, .2], [0, 0])),
+        "topk_shared": lambda: _topk_widgets().shared_selection_figure(
+            [1, 4], {0.0: {"own": [.9, .9], "shared": [.9, .6], "worst_head": [.9, .3]},
+                     1.0: {"own": [.9, .9], "shared": [.9, .9], "worst_head": [.9, .9]}}, top_k=8, title="shared"),
     }
 
 

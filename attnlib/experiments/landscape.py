@@ -35,6 +35,7 @@ from ..grassmann import n_pairs, plucker_projection_collapsed
 from ..linear import linear_attention_chunk_reference, linear_attention_decode_step
 from ..topk import index_scores_reference, topk_attention_reference, topk_select_reference
 from .linear import count_flops, interleaved_cpu_ms
+from .topk import signed_indexer_needle
 
 MECHANISMS = ("softmax", "block_sparse", "linear", "delta", "gated_delta", "anna", "grassmann", "topk", "hybrid")
 LABELS = {"softmax": "softmax (causal)", "block_sparse": "block-sparse (local band)", "linear": "linear",
@@ -486,31 +487,45 @@ class _ExactSoftmax:
         return softmax_attention(q, k, v, backend="torch")
 
 
-# What chapter 2 says about each mechanism: the algorithm of chapter 2 that models it, or why none does.
+# What ran against chapter 2's needle for each mechanism -- (the algorithm's name, what it is, why the
+# adversary wins or why it does not apply). Where the book has the operator itself in a form the adversary
+# can be aimed at (softmax, the top-k layer), that is what runs; elsewhere it is chapter 2's small model of
+# the family, and the table says so.
 ADVERSARY = {
-    "softmax": ("exact", "the operator itself: nothing to miss"),
-    "block_sparse": ("sliding_window", "a fixed pattern: the needle goes outside the band"),
-    "linear": ("performer", "FAVOR+ features (chapter 2's Performer); other feature maps approximate no softmax"),
-    "delta": (None, "not an approximation of softmax: the adversary's error is undefined"),
-    "gated_delta": (None, "not an approximation of softmax: the adversary's error is undefined"),
-    "anna": ("lsh", "the needle sits across a hyperplane of every table"),
-    "grassmann": (None, "no attention rows: it mixes fixed offsets, not a softmax over keys"),
-    "topk": ("indexer_topk", "the needle's key lies where the indexer cannot see it"),
-    "hybrid": (None, "its full layers are exact; its linear layers are not approximations of softmax"),
+    "softmax": ("exact", "softmax attention itself", "the operator itself: nothing to miss"),
+    "block_sparse": ("sliding_window", "chapter 2's sliding window (a band of sqrt(T) keys)",
+                     "a fixed pattern: the needle goes outside the band"),
+    "linear": ("performer", "chapter 2's Performer (FAVOR+ positive random features)",
+               "random features estimate the needle's weight with a variance that grows like e^M; other "
+               "feature maps approximate no softmax"),
+    "delta": (None, "", "not an approximation of softmax: the adversary's error is undefined"),
+    "gated_delta": (None, "", "not an approximation of softmax: the adversary's error is undefined"),
+    "anna": ("lsh", "chapter 2's angular-LSH buckets (Reformer-style rounds)",
+             "the needle sits across a hyperplane of every round"),
+    "grassmann": (None, "", "no attention rows: it mixes fixed offsets, not a softmax over keys"),
+    "topk": ("lightning_indexer", "chapter 7's top-k layer (topk_attention) with a 64-head, 128-dim indexer, "
+             "signed weights",
+             "the needle's index key is placed where its index score is the row's lowest, at every M"),
+    "hybrid": (None, "", "its full layers are exact; its linear layers are not approximations of softmax"),
 }
 
 
-def adversary_errors(T: int = 256, d: int = 16, M: float = 80.0, *, seed: int = 0) -> dict[str, float | None]:
+def adversary_errors(T: int = 256, d: int = 16, M: float = 80.0, *, top_k: int = 16,
+                     seed: int = 0) -> dict[str, float | None]:
     """Chapter 2's planted-needle error ``||p_i - r_i||_1`` (0 = exact, 2 = the needle missed entirely) for
-    each mechanism that chapter 2 models with an algorithm (:data:`ADVERSARY`); None where none applies.
-    Softmax is measured on the sliding-window attack's input."""
+    each mechanism the adversary applies to (:data:`ADVERSARY`); None where none applies. Softmax is
+    measured on the sliding-window attack's input; the top-k layer is
+    :func:`attnlib.experiments.topk.signed_indexer_needle` at DeepSeek-V3.2's index shapes (signed weights,
+    the needle's index key placed lowest in its row), keeping ``top_k`` keys per query."""
     out: dict[str, float | None] = {}
-    for mech, (algo_name, _why) in ADVERSARY.items():
+    for mech, (algo_name, _ran, _why) in ADVERSARY.items():
         if algo_name is None:
             out[mech] = None
         elif algo_name == "exact":
             case = needle.attack(needle.make("sliding_window", T=T, d=d, seed=seed), M=M)
             out[mech] = needle.row_error(_ExactSoftmax(), case)
+        elif algo_name == "lightning_indexer":
+            out[mech] = signed_indexer_needle(T, M, top_k, d=d, generator=torch.Generator().manual_seed(seed))["error"]
         else:
             algo = needle.make(algo_name, T=T, d=d, seed=seed)
             out[mech] = needle.row_error(algo, needle.attack(algo, M=M))
@@ -541,8 +556,8 @@ def exactness_table(errors: Mapping[str, float | None], pair_counts: Sequence[in
     mqar = mqar or {}
     rows = []
     for mech in MECHANISMS:
-        algo, why = ADVERSARY[mech]
-        row = {"mechanism": LABELS[mech], "adversary": algo or "n/a", "error": errors.get(mech), "why": why}
+        algo, ran, why = ADVERSARY[mech]
+        row = {"mechanism": LABELS[mech], "adversary": ran if algo else "n/a", "error": errors.get(mech), "why": why}
         r = rule.get(mech)
         for regime in recall:
             for idx in (0, -1):
@@ -582,7 +597,7 @@ _QWEN = f"{_TF}/qwen3_next/configuration_qwen3_next.py (defaults, documented as 
 _JAMBA = f"{_TF}/jamba/configuration_jamba.py (defaults, documented as Jamba-v0.1's)"
 _MIXTRAL = f"{_TF}/mixtral/configuration_mixtral.py (defaults, checkpoint mistralai/Mixtral-8x7B-v0.1)"
 _DSV3 = f"{_TF}/deepseek_v3/configuration_deepseek_v3.py (defaults, DeepSeek-V3)"
-_DSV32 = "https://github.com/deepseek-ai/DeepSeek-V3.2-Exp inference/model.py ModelArgs (index_*)"
+_DSV32 = "https://github.com/deepseek-ai/DeepSeek-V3.2-Exp inference/config_671B_v3.2.json"
 _KIMI = ("huggingface.co/moonshotai/Kimi-Linear-48B-A3B-Instruct config.json, as reproduced in several public "
          "repositories (the file itself not read); arXiv 2510.26692")
 _MINIMAX = "huggingface.co/MiniMaxAI/MiniMax-Text-01 model card (Model Architecture); arXiv 2501.08313"
@@ -594,6 +609,7 @@ DESIGNS: dict[str, dict[str, Cited | str]] = {
         linear_kind="Gated DeltaNet", full_kind="gated attention (GQA)",
         n_layers=Cited(48, f"{_QWEN}: num_hidden_layers"),
         full_every=Cited(4, f"{_QWEN}: full_attention_interval (layer i is full when (i+1) % 4 == 0)"),
+        q_heads=Cited(16, f"{_QWEN}: num_attention_heads"),
         kv_heads=Cited(2, f"{_QWEN}: num_key_value_heads"), head_dim=Cited(256, f"{_QWEN}: head_dim"),
         lin_v_heads=Cited(32, f"{_QWEN}: linear_num_value_heads"),
         lin_k_heads=Cited(16, f"{_QWEN}: linear_num_key_heads"),
@@ -605,9 +621,12 @@ DESIGNS: dict[str, dict[str, Cited | str]] = {
         n_layers=Cited(27, f"{_KIMI}: num_hidden_layers", verified=False),
         full_layers=Cited((4, 8, 12, 16, 20, 24, 27), f"{_KIMI}: linear_attn_config.full_attn_layers (1-based)",
                           verified=False),
+        mla_heads=Cited(32, f"{_KIMI}: num_attention_heads", verified=False),
         mla_latent=Cited(512, f"{_KIMI}: kv_lora_rank", verified=False),
         mla_rope=Cited(64, f"{_KIMI}: qk_rope_head_dim (cached beside the latent, as in DeepSeek's MLA; with "
                            "mla_use_nope the 64 dims may not be rotated, but they are still keys)", verified=False),
+        mla_nope=Cited(128, f"{_KIMI}: qk_nope_head_dim", verified=False),
+        mla_v=Cited(128, f"{_KIMI}: v_head_dim", verified=False),
         lin_v_heads=Cited(32, f"{_KIMI}: linear_attn_config.num_heads", verified=False),
         lin_k_heads=Cited(32, f"{_KIMI}: linear_attn_config.num_heads", verified=False),
         lin_dk=Cited(128, f"{_KIMI}: linear_attn_config.head_dim", verified=False),
@@ -632,6 +651,7 @@ DESIGNS: dict[str, dict[str, Cited | str]] = {
         linear_kind="Mamba (selective SSM)", full_kind="attention (GQA)",
         n_layers=Cited(32, f"{_JAMBA}: num_hidden_layers"),
         full_every=Cited(8, f"{_JAMBA}: attn_layer_period (offset 4)"),
+        q_heads=Cited(32, f"{_JAMBA}: num_attention_heads"),
         kv_heads=Cited(8, f"{_JAMBA}: num_key_value_heads"),
         head_dim=Cited(128, f"{_JAMBA}: hidden_size 4096 / num_attention_heads 32"),
         mamba_inner=Cited(8192, f"{_JAMBA}: mamba_expand 2 x hidden_size 4096"),
@@ -640,21 +660,28 @@ DESIGNS: dict[str, dict[str, Cited | str]] = {
     ),
     "DeepSeek-V3.2-Exp": dict(
         linear_kind="(none)", full_kind="MLA + lightning indexer, top-k 2048",
-        n_layers=Cited(61, f"{_DSV3}: num_hidden_layers (V3.2-Exp keeps V3.1-Terminus' architecture and adds "
-                           "the indexer; its own config file was not read)", verified=False),
+        n_layers=Cited(61, f"{_DSV32}: n_layers"),
         full_every=Cited(1, "every layer is an MLA layer"),
+        mla_heads=Cited(128, f"{_DSV32}: n_heads"),
         mla_latent=Cited(512, f"{_DSV32}: kv_lora_rank"), mla_rope=Cited(64, f"{_DSV32}: qk_rope_head_dim"),
+        mla_nope=Cited(128, f"{_DSV32}: qk_nope_head_dim"), mla_v=Cited(128, f"{_DSV32}: v_head_dim"),
         index_dim=Cited(128, f"{_DSV32}: index_head_dim"), index_heads=Cited(64, f"{_DSV32}: index_n_heads"),
+        index_key_bytes=Cited(132, "https://github.com/deepseek-ai/DeepSeek-V3.2-Exp inference/model.py, Indexer: "
+                                   "k_cache float8_e4m3fn [.., 128] (128 B) and k_scale_cache float32 "
+                                   "[.., 128 // block_size 128] (4 B) per token"),
         top_k=Cited(2048, f"{_DSV32}: index_topk"),
     ),
     "DeepSeek-V3 (full MLA)": dict(
         linear_kind="(none)", full_kind="MLA",
         n_layers=Cited(61, f"{_DSV3}: num_hidden_layers"), full_every=Cited(1, "every layer"),
+        mla_heads=Cited(128, f"{_DSV3}: num_attention_heads"),
         mla_latent=Cited(512, f"{_DSV3}: kv_lora_rank"), mla_rope=Cited(64, f"{_DSV3}: qk_rope_head_dim"),
+        mla_nope=Cited(128, f"{_DSV3}: qk_nope_head_dim"), mla_v=Cited(128, f"{_DSV3}: v_head_dim"),
     ),
     "Mixtral-8x7B (full GQA)": dict(
         linear_kind="(none)", full_kind="attention (GQA)",
         n_layers=Cited(32, f"{_MIXTRAL}: num_hidden_layers"), full_every=Cited(1, "every layer"),
+        q_heads=Cited(32, f"{_MIXTRAL}: num_attention_heads"),
         kv_heads=Cited(8, f"{_MIXTRAL}: num_key_value_heads"),
         head_dim=Cited(128, f"{_MIXTRAL}: hidden_size 4096 / num_attention_heads 32"),
     ),
@@ -667,8 +694,9 @@ def _v(design: Mapping, key: str):
 
 def design_row(name: str, design: Mapping, *, bytes_per_elem: int = 2) -> dict:
     """One published design, computed from its cited config: layer counts and ratio, KV cache bytes per
-    token (all full layers), recurrent state bytes (all linear layers; constant in T; convolution states
-    included), the quadratic share ``f`` (full layers / all layers), ``T_mem`` per layer (one linear
+    token (all full layers; an index key at the precision it is stored in), recurrent state bytes (all
+    linear layers; constant in T; convolution states included), the quadratic share ``f`` (full layers /
+    all layers), ``T_mem`` per layer (one linear
     layer's state against one full layer's cache per token) and for the whole model (all state against
     all cache per token), and which of the numbers used were not verified at their source."""
     n = _v(design, "n_layers")
@@ -678,10 +706,11 @@ def design_row(name: str, design: Mapping, *, bytes_per_elem: int = 2) -> dict:
         n_full = n // _v(design, "full_every")
     n_lin = n - n_full
     if "mla_latent" in design:
-        cache = _v(design, "mla_latent") + _v(design, "mla_rope") + (_v(design, "index_dim") if "index_dim" in design
-                                                                     else 0)
+        cache = _v(design, "mla_latent") + _v(design, "mla_rope")
     else:
         cache = 2 * _v(design, "kv_heads") * _v(design, "head_dim")
+    # the index key is stored at its own precision (FP8 and a float32 scale), not at bytes_per_elem
+    index_bytes = _v(design, "index_key_bytes") if "index_key_bytes" in design else 0
     if "mamba_inner" in design:
         inner = _v(design, "mamba_inner")
         state = inner * _v(design, "mamba_state") + inner * (_v(design, "conv") - 1)
@@ -699,7 +728,7 @@ def design_row(name: str, design: Mapping, *, bytes_per_elem: int = 2) -> dict:
         "model": name, "layers": n, "full": n_full, "linear": n_lin,
         "ratio": ("all full" if not n_lin else f"{n_lin // n_full}:1" if n_lin % n_full == 0 else f"{n_lin}:{n_full}"),
         "types": f"{design['linear_kind']} / {design['full_kind']}",
-        "kv_bytes_per_token": n_full * cache * b,
+        "kv_bytes_per_token": n_full * (cache * b + index_bytes),
         "state_bytes": n_lin * state * b,
         "f": n_full / n,
         "T_mem_layer": core_state / cache if n_lin else None,
@@ -719,6 +748,48 @@ def design_sources(designs: Mapping[str, Mapping] = DESIGNS) -> list[dict]:
             for name, d in designs.items() for k, c in d.items() if isinstance(c, Cited)]
 
 
+def attention_dims(design: Mapping, mode: str) -> tuple[int, int, int]:
+    """A design's full attention layer as ``(query heads, D_qk, D_v)``. MLA has two forms: ``mode="mha"``
+    (training and prefill in DeepSeek's code: per-head keys of ``nope + rope`` and values of ``v``) and
+    ``mode="mqa"`` (decoding: queries absorbed into the latent, so every head scores the shared
+    ``latent + rope`` key and reads the ``latent`` value). For other attention layers the two coincide."""
+    if mode not in ("mha", "mqa"):
+        raise ValueError(f"mode must be 'mha' (MLA's prefill form) or 'mqa' (its decode form); got {mode!r}")
+    if "mla_latent" in design:
+        H, latent, rope = _v(design, "mla_heads"), _v(design, "mla_latent"), _v(design, "mla_rope")
+        if mode == "mha":
+            return H, _v(design, "mla_nope") + rope, _v(design, "mla_v")
+        return H, latent + rope, latent
+    return _v(design, "q_heads"), _v(design, "head_dim"), _v(design, "head_dim")
+
+
+def pair_flops(design: Mapping, mode: str) -> int:
+    """FLOPs per (query, key) pair of a design's full attention layer in ``mode`` (:func:`attention_dims`),
+    ``2 H (D_qk + D_v)`` summed over its query heads (grouped-query attention shares keys between heads,
+    not the products)."""
+    H, d_qk, d_v = attention_dims(design, mode)
+    return 2 * H * (d_qk + d_v)
+
+
+def indexer_hosts(designs: Mapping[str, Mapping] = DESIGNS, *, index_heads: int = 64,
+                  index_dim: int = 128) -> list[dict]:
+    """What a lightning indexer of ``index_heads`` heads of ``index_dim`` (DeepSeek-V3.2's: 64 x 128,
+    ``2 * 64 * 128 = 16,384`` FLOPs per pair) costs relative to the full layer it would sit in:
+    ``r_I = indexer FLOPs per pair / the layer's FLOPs per pair`` (:func:`pair_flops`), in both of MLA's
+    forms, and the quadratic term a model keeps with top-k layers in place of its full ones,
+    ``f * r_I`` (``f`` its share of full layers). One row per design with a full attention layer."""
+    index_pair = 2 * index_heads * index_dim
+    rows = []
+    for name, d in designs.items():
+        row = design_row(name, d)
+        mha, mqa = pair_flops(d, "mha"), pair_flops(d, "mqa")
+        rows.append({"model": name, "layer": d["full_kind"], "f": row["f"], "pair_prefill": mha, "pair_decode": mqa,
+                     "r_I_prefill": index_pair / mha, "r_I_decode": index_pair / mqa,
+                     "f_r_I_prefill": row["f"] * index_pair / mha, "f_r_I_decode": row["f"] * index_pair / mqa,
+                     "mla": "mla_latent" in d})
+    return rows
+
+
 def quadratic_share(ratio: int) -> float:
     """``f = 1 / (r + 1)``: the share of layers that stay quadratic with one full layer in ``r + 1``."""
     return 1.0 / (ratio + 1)
@@ -728,5 +799,6 @@ __all__ = ["ADVERSARY", "COUNTED_DECODE", "COUNTED_PREFILL", "Cited", "DESIGNS",
            "HeadConfig", "LABELS", "MECHANISMS", "RECURRENT", "adversary_errors", "band_keys", "count_tolerance",
            "counted_flops",
            "cpu_decode_times", "decode_break_even", "decode_flops", "delta_rule_verdict", "design_row",
-           "design_sources", "design_table", "exactness_table", "first_length_where", "gpu_rows",
+           "attention_dims", "design_sources", "design_table", "exactness_table", "indexer_hosts", "pair_flops",
+           "first_length_where", "gpu_rows",
            "landscape_curves", "memory_bytes", "memory_crossover", "prefill_flops", "quadratic_share"]

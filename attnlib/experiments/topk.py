@@ -46,10 +46,10 @@ from .weights import softmax_weights
 F64 = torch.float64
 
 # DeepSeek-V3.2-Exp's configuration (``inference/config_671B_v3.2.json`` of deepseek-ai/DeepSeek-V3.2-Exp):
-# 128 attention heads; MLA with a 512-dim latent (kv_lora_rank) and a 64-dim rotary part; the indexer's
-# 64 heads of dim 128 and k = 2048.
-DEEPSEEK_V32 = dict(n_heads=128, kv_lora_rank=512, qk_rope_head_dim=64, index_n_heads=64, index_head_dim=128,
-                    index_topk=2048)
+# 128 attention heads; MLA with a 512-dim latent (kv_lora_rank), a 64-dim rotary part and, in its per-head
+# (MHA) form, keys of 128 + 64 and values of 128; the indexer's 64 heads of dim 128 and k = 2048.
+DEEPSEEK_V32 = dict(n_heads=128, kv_lora_rank=512, qk_rope_head_dim=64, qk_nope_head_dim=128, v_head_dim=128,
+                    index_n_heads=64, index_head_dim=128, index_topk=2048)
 
 
 def _check_generator(generator) -> torch.Generator:
@@ -167,37 +167,142 @@ def mechanism_map(T: int, d: int, ks, *, generator: torch.Generator, n_heads: in
 # 3. Chapter 2 again: a needle the indexer cannot see
 # ---------------------------------------------------------------------------------------------
 
+def _needle_row(case: needle.Case, iq: torch.Tensor, ik: torch.Tensor, iw: torch.Tensor, top_k: int) -> dict:
+    """Run the top-k layer (:func:`attnlib.topk.topk_attention`) on a planted case with the given indexer and
+    measure row ``i``: its L1 error against the exact row, the needle's index score and the other visible
+    keys' scores, and whether the needle was selected."""
+    o, idx = topk_attention(case.q, case.k, case.v, iq, ik, iw, top_k=top_k, scale=case.scale,
+                            return_indices=True)
+    row = o[0, 0, case.i]
+    exact = needle.exact_rows(case)[case.i]
+    scores = index_scores(iq, ik, iw)[0, 0, case.i, :case.i + 1]            # the row's visible keys
+    others = torch.cat([scores[:case.j], scores[case.j + 1:]])
+    return dict(error=float((exact - row).abs().sum()), closed_form=needle.uniform_miss_error(case.T, top_k, case.M),
+                needle_score=float(scores[case.j]), lowest_haystack_score=float(others.min()),
+                n_above=int((others > scores[case.j]).sum()),
+                selected_needle=bool((idx[0, 0, case.i] == case.j).any()),
+                needle_mass=needle.needle_mass(case.T, case.M))
+
+
 def blind_needle(T: int, M: float, top_k: int, *, d: int = 8, d_index: int = 8, n_index_heads: int = 4,
                  hide: bool = True, generator: torch.Generator) -> dict:
     """Chapter 2's planted needle (:func:`attnlib.needle.plant`: row ``i = T - 1``, key ``j = 1``, score
     ``M``, every other score 0, one-hot values) fed to the top-k layer with an indexer that scores every
-    pair. Index queries and the haystack's index keys lie in the positive orthant (all their index
-    scores are > 0); with ``hide`` the needle's index key is ``-(1, ..., 1)``, where every index query's
-    ReLU is 0, so its index score is exactly 0 -- the lowest of the row -- and with ``top_k <= T - 2``
-    it is never selected. ``hide=False`` puts the needle's index key far out in the positive orthant:
-    the indexer fetches it.
+    pair, in the simplest construction: index queries, the haystack's index keys *and the weights* are
+    positive (so every haystack key scores above 0); with ``hide`` the needle's index key is
+    ``-(1, ..., 1)``, where every index query's ReLU is 0, so its index score is exactly 0 -- the lowest of
+    the row -- and with ``top_k <= T - 1`` it is never selected. This needs the weights to be non-negative:
+    with a negative weight other keys can score below 0 (:func:`signed_indexer_needle` does without).
+    ``hide=False`` puts the needle's index key far out in the positive orthant: the indexer fetches it.
 
     Returns ``error`` (``||exact row - top-k row||_1``), ``closed_form`` (chapter 2's
     :func:`attnlib.needle.uniform_miss_error` for ``top_k`` keys seen, none the needle),
     ``needle_score`` and ``lowest_haystack_score`` (the needle's index score and the smallest other
-    one on row ``i``), and ``selected_needle`` (bool)."""
+    visible one on row ``i``), ``n_above`` (other visible keys scoring above the needle) and
+    ``selected_needle`` (bool)."""
     g = _check_generator(generator)
     T = _validate.check_int("T", T, lo=3)
-    top_k = _validate.check_int("top_k", top_k, lo=1, hi=T - 2, why=" (the row must leave a key out)")
+    top_k = _validate.check_int("top_k", top_k, lo=1, hi=T - 1, why=" (row T - 1 sees T keys: it must leave one out)")
     case = needle.plant(T, d, T - 1, 1, M, dtype=F64)
     iq = torch.rand(1, n_index_heads, T, d_index, generator=g, dtype=F64) + 0.1
     ik = torch.rand(1, 1, T, d_index, generator=g, dtype=F64) + 0.1
     ik[0, 0, case.j] = -1.0 if hide else 10.0
     iw = torch.rand(1, n_index_heads, T, generator=g, dtype=F64) + 0.1
-    o, idx = topk_attention(case.q, case.k, case.v, iq, ik, iw, top_k=top_k, scale=case.scale,
-                            return_indices=True)
-    row = o[0, 0, case.i]
-    exact = needle.exact_rows(case)[case.i]
-    scores = index_scores(iq, ik, iw)[0, 0, case.i]
-    others = torch.cat([scores[:case.j], scores[case.j + 1:]])
-    return dict(error=float((exact - row).abs().sum()), closed_form=needle.uniform_miss_error(T, top_k, M),
-                needle_score=float(scores[case.j]), lowest_haystack_score=float(others.min()),
-                selected_needle=bool((idx[0, 0, case.i] == case.j).any()), needle_mass=needle.needle_mass(T, M))
+    return _needle_row(case, iq, ik, iw, top_k)
+
+
+def signed_indexer_needle(T: int, M: float, top_k: int, *, place: str = "lowest",
+                          n_index_heads: int = DEEPSEEK_V32["index_n_heads"],
+                          d_index: int = DEEPSEEK_V32["index_head_dim"], d: int = 8, margin: float = 1.0,
+                          generator: torch.Generator) -> dict:
+    """Chapter 2's needle against a lightning indexer at DeepSeek-V3.2's index shapes (64 heads of dim 128 by
+    default) with *signed* weights, as DSA's are (a plain linear projection). Index queries, the haystack's
+    index keys and the weights are Gaussian.
+
+    Row ``i``'s ``H_I`` index queries span at most ``H_I`` of the ``d_I`` dimensions, so with ``H_I < d_I``
+    any products ``c = Q_i k^I_j`` can be had (``k^I_j = pinv(Q_i) c``, plus anything in the
+    ``d_I - H_I`` dimensions the queries do not see). Nothing of the attention logit ``M`` enters the index
+    scores: the selection of row ``i`` does not depend on ``s_ij``. Where the needle's index key goes:
+
+    * ``place="zero"``: every product ``-margin``, so every ReLU is 0 and the index score is exactly 0
+      *whatever the weights' signs*. Missed only if at least ``top_k`` visible keys score above 0 -- with
+      signed weights many rows have fewer (when the weights lean negative, most keys score below 0).
+    * ``place="lowest"``: ``-margin`` for the heads of non-negative weight, ``+R`` for the others, with
+      ``R`` large enough that the score falls below every other visible key's: missed at every ``M``
+      whatever the weights (with no negative weight this is ``"zero"``, and the haystack scores above 0).
+
+    Returns :func:`blind_needle`'s dict, ``head_products`` (``c``), and ``null_dim`` (``d_I`` minus the rank
+    of row ``i``'s index queries: the dimensions of index key they cannot see)."""
+    g = _check_generator(generator)
+    T = _validate.check_int("T", T, lo=3)
+    top_k = _validate.check_int("top_k", top_k, lo=1, hi=T - 1, why=" (row T - 1 sees T keys: it must leave one out)")
+    n_index_heads = _validate.check_int("n_index_heads", n_index_heads, lo=1)
+    d_index = _validate.check_int("d_index", d_index, lo=n_index_heads + 1,
+                                  why=" (more index dims than index heads: otherwise the queries may leave no room)")
+    if place not in ("zero", "lowest"):
+        raise ValueError(f"place must be 'zero' (every ReLU 0) or 'lowest' (below every other key); got {place!r}")
+    case = needle.plant(T, d, T - 1, 1, M, dtype=F64)
+    iq = torch.randn(1, n_index_heads, T, d_index, generator=g, dtype=F64)
+    ik = torch.randn(1, 1, T, d_index, generator=g, dtype=F64)
+    iw = torch.randn(1, n_index_heads, T, generator=g, dtype=F64)
+    Q, w = iq[0, :, case.i], iw[0, :, case.i]                                   # row i's index queries, weights
+    c = torch.full((n_index_heads,), -margin, dtype=F64)
+    negative = w < 0
+    if place == "lowest" and negative.any():
+        visible = torch.arange(T) <= case.i
+        others = index_scores(iq, ik, iw)[0, 0, case.i][visible & (torch.arange(T) != case.j)]
+        # score = R * sum of the negative weights: below the lowest other score by at least margin
+        R = (margin - min(float(others.min()), 0.0)) / float(-w[negative].sum())
+        c = torch.where(negative, torch.full_like(c, R), c)
+    ik[0, 0, case.j] = torch.linalg.pinv(Q) @ c
+    out = _needle_row(case, iq, ik, iw, top_k)
+    out["head_products"] = Q @ ik[0, 0, case.j]
+    out["null_dim"] = d_index - int(torch.linalg.matrix_rank(Q))
+    return out
+
+
+def head_plans(batch: int, T: int, n_heads: int, *, common: float, generator: torch.Generator,
+               **task) -> torch.Tensor:
+    """``[batch, n_heads, T, T]`` causal attention rows for a layer of ``n_heads`` heads on the planted task:
+    each head's row is ``common * P_c + (1 - common) * P_h``, a convex mixture (so still a plan) of one
+    plan shared by all heads and the head's own, each drawn by :func:`planted_task` (``task``: its keyword
+    arguments). ``common = 1``: identical heads; ``common = 0``: heads that attend to unrelated needles."""
+    g = _check_generator(generator)
+    n_heads = _validate.check_int("n_heads", n_heads, lo=1)
+    if not (isinstance(common, (int, float)) and not isinstance(common, bool) and 0 <= common <= 1):
+        raise ValueError(f"common must be a number in [0, 1] (the share of each head's plan common to all heads); "
+                         f"got {common!r}")
+    shared = planted_task(batch, T, generator=g, **task).plan                       # [B, 1, T, T]
+    own = torch.cat([planted_task(batch, T, generator=g, **task).plan for _ in range(n_heads)], dim=1)
+    return common * shared + (1 - common) * own
+
+
+def shared_selection_loss(plans: torch.Tensor, ks, *, first_row: int = 0) -> dict[str, list[float]]:
+    """What one selection shared by all heads costs each head. ``plans [B, H, T, T]``: each head's causal
+    attention rows. The shared selection is the top-``k`` of the head-averaged plan -- the best any single
+    selection can do for the average, and what an indexer trained on the head-summed distribution (as
+    DeepSeek's is) aims at. For each ``k`` in ``ks``, over rows ``t >= first_row``:
+
+    * ``shared``: the average plan's mass on the shared set (equal to the mean over heads of each head's mass);
+    * ``worst_head``: the smallest head's mass on the shared set, averaged over rows;
+    * ``own``: each head's mass on its *own* top-``k`` (a selection per head), averaged over heads and rows.
+
+    Returns float lists, one entry per ``k``."""
+    if plans.dim() != 4 or plans.shape[-1] != plans.shape[-2]:
+        raise ValueError(f"plans must be [B, H, T, T]; got shape {tuple(plans.shape)}")
+    B, H, T, _ = plans.shape
+    mean_plan = plans.mean(1, keepdim=True)                                     # [B, 1, T, T]
+    one_per_head = plans.reshape(B * H, 1, T, T)                                # each head its own "sequence"
+    out = dict(shared=[], worst_head=[], own=[])
+    for k in ks:
+        shared = selection_mask(topk_select(mean_plan, int(k)), T)                 # [B, 1, T, T]
+        per_head = (plans * shared).sum(-1)[..., first_row:]                       # [B, H, rows]
+        own_sel = selection_mask(topk_select(one_per_head, int(k)), T).reshape(B, H, T, T)
+        own = (plans * own_sel).sum(-1)[..., first_row:]
+        out["shared"].append(float(per_head.mean()))
+        out["worst_head"].append(float(per_head.min(1).values.mean()))
+        out["own"].append(float(own.mean()))
+    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -372,35 +477,59 @@ def topk_attention_flops(T_q: int, T_k: int, top_k: int, n_heads: int, d_qk: int
                                                         _meta(1, n_heads, T_k, d_v), idx, scale=1.0))
 
 
-def mla_mqa_dims(config: dict = DEEPSEEK_V32) -> dict[str, int]:
-    """MLA in its MQA mode (DeepSeek-V3.2's sparse decoding): ``n_heads`` query heads share one key of
-    dim ``d_c + d_r`` (the latent and the rotary part) and one value of dim ``d_c`` (the latent)."""
+def mla_dims(config: dict = DEEPSEEK_V32, mode: str = "mqa") -> dict[str, int]:
+    """MLA's attention as one softmax attention per mode. ``"mqa"`` (DeepSeek's decode, and the form its
+    sparse attention runs in): the ``n_heads`` queries are absorbed into the latent, so every head scores
+    one shared key of dim ``d_c + d_r`` (the latent and the rotary part) and reads one shared value of
+    dim ``d_c`` (the latent). ``"mha"`` (DeepSeek's training and prefill, ``model.py``'s branch for
+    ``mask is not None``): per-head keys of ``qk_nope + d_r`` and values of ``v_head_dim``."""
     d_c, d_r = config["kv_lora_rank"], config["qk_rope_head_dim"]
-    return dict(n_heads=config["n_heads"], d_qk=d_c + d_r, d_v=d_c)
+    if mode == "mqa":
+        return dict(n_heads=config["n_heads"], d_qk=d_c + d_r, d_v=d_c)
+    if mode == "mha":
+        return dict(n_heads=config["n_heads"], d_qk=config["qk_nope_head_dim"] + d_r, d_v=config["v_head_dim"])
+    raise ValueError(f"mode must be 'mqa' (MLA absorbed, decode) or 'mha' (per-head, prefill); got {mode!r}")
 
 
 def per_pair_flops(config: dict = DEEPSEEK_V32, *, length: int = 64) -> dict[str, float]:
-    """Counted FLOPs per (query, key) pair of the indexer and of MLA's attention (MQA mode), and their
-    ratio ``r_I``, for a DeepSeek-V3.2-shaped layer (counted on ``length`` x ``length`` meta tensors)."""
-    mla = mla_mqa_dims(config)
+    """Counted FLOPs per (query, key) pair of the indexer and of MLA's attention in both of its forms
+    (:func:`mla_dims`), and the indexer's ratio ``r_I`` to each, for a DeepSeek-V3.2-shaped layer
+    (counted on ``length`` x ``length`` meta tensors). Keys: ``indexer``, ``mqa``, ``mha``, ``r_I_mqa``,
+    ``r_I_mha``."""
     pairs = length * length
-    idx = indexer_flops(length, length, config["index_n_heads"], config["index_head_dim"]) / pairs
-    att = attention_flops(length, length, mla["n_heads"], mla["d_qk"], mla["d_v"]) / pairs
-    return dict(indexer=idx, attention=att, ratio=idx / att)
+    out = {"indexer": indexer_flops(length, length, config["index_n_heads"], config["index_head_dim"]) / pairs}
+    for mode in ("mqa", "mha"):
+        m = mla_dims(config, mode)
+        out[mode] = attention_flops(length, length, m["n_heads"], m["d_qk"], m["d_v"]) / pairs
+        out[f"r_I_{mode}"] = out["indexer"] / out[mode]
+    return out
 
 
 def break_even_length(top_k: int, ratio: float) -> float:
     """``T* = k / (1 - r_I)``: per query, the top-k layer costs ``r_I T + k`` attention-pairs (the indexer
-    scores all ``T`` keys, the attention reads ``k``) against dense attention's ``T``."""
+    scores all ``T`` keys, the attention reads ``k``) against dense attention's ``T`` -- when the sparse and
+    the dense attention cost the same per pair (:func:`prefill_break_even` when they do not)."""
     if not 0 <= ratio < 1:
         raise ValueError(f"ratio must be in [0, 1) (an indexer cheaper than the attention); got {ratio}")
     return top_k / (1.0 - ratio)
 
 
+def prefill_break_even(top_k: int, *, dense: float, sparse: float, indexer: float) -> float:
+    """The context length at which one query of a top-k layer -- the indexer over every key (``indexer``
+    FLOPs per pair) and the attention over ``top_k`` keys (``sparse`` per pair) -- costs what dense attention
+    over every key (``dense`` per pair) costs: ``T* = sparse * k / (dense - indexer)``. With
+    ``sparse = dense`` this is :func:`break_even_length`. DeepSeek prefills densely in MLA's MHA form but
+    runs its sparse attention in the MQA form, 3.4 times dearer per pair: then ``sparse != dense``."""
+    if not indexer < dense:
+        raise ValueError(f"the indexer must cost less per pair than the dense attention; got indexer={indexer}, "
+                         f"dense={dense}")
+    return sparse * top_k / (dense - indexer)
+
+
 def decode_flops(T: int, config: dict = DEEPSEEK_V32, *, top_k: int | None = None) -> dict[str, int]:
     """Counted FLOPs of one decoding query at context ``T`` (one query, ``T`` keys): dense MLA (MQA
-    mode) and the top-k layer (the indexer over ``T`` keys plus the attention over ``min(k, T)``)."""
-    mla = mla_mqa_dims(config)
+    form) and the top-k layer (the indexer over ``T`` keys plus the attention over ``min(k, T)``)."""
+    mla = mla_dims(config, "mqa")
     k = config["index_topk"] if top_k is None else top_k
     dense = attention_flops(1, T, mla["n_heads"], mla["d_qk"], mla["d_v"])
     sparse = indexer_flops(1, T, config["index_n_heads"], config["index_head_dim"]) + \
@@ -408,15 +537,79 @@ def decode_flops(T: int, config: dict = DEEPSEEK_V32, *, top_k: int | None = Non
     return dict(dense=dense, sparse=sparse)
 
 
-def cache_elements_per_token(config: dict = DEEPSEEK_V32) -> dict[str, int]:
-    """What one token leaves in the cache, per layer (elements): MLA's latent and rotary key
-    (``d_c + d_r``), and with the indexer its index key too (``d_I``). Every token stays a candidate for
-    every later query, so nothing is evicted: the cache does not shrink, it grows by the index key."""
-    dense = config["kv_lora_rank"] + config["qk_rope_head_dim"]
-    return dict(dense=dense, topk=dense + config["index_head_dim"])
+# What DeepSeek-V3.2-Exp's reference code keeps per token and layer (``inference/model.py``): the latent and
+# its rotary key at the default dtype, which ``generate.py`` sets to bfloat16 (``kv_cache``, ``pe_cache``),
+# and the index key in FP8 (e4m3, ``k_cache``) with one float32 scale per 128 values (``k_scale_cache``).
+CACHE_BYTES = dict(latent=(512 + 64) * 2, index_key=128 * 1 + 4)
+
+
+def cache_bytes_per_token(cache: dict = CACHE_BYTES) -> dict[str, int]:
+    """Bytes one token leaves in one layer's cache at the precision each part is stored in: MLA's latent
+    and rotary key (``dense``), and with the indexer its index key too (``topk``). Every token stays a
+    candidate for every later query, so nothing is evicted: the cache grows by the index key."""
+    return dict(dense=cache["latent"], topk=cache["latent"] + cache["index_key"])
+
+
+def decode_bytes(T: int, *, top_k: int = DEEPSEEK_V32["index_topk"], latent: int = CACHE_BYTES["latent"],
+                 index_key: int = CACHE_BYTES["index_key"], sparse_latent: int | None = None) -> dict[str, int]:
+    """Bytes of cache one decoding query reads in one layer at context ``T``: dense MLA reads every latent
+    row (``T * latent``); the top-k layer reads every index key and the ``min(k, T)`` selected latent rows
+    (``T * index_key + min(k, T) * sparse_latent``; ``sparse_latent`` defaults to ``latent``, e.g. 656 B for
+    FlashMLA's FP8 layout). Every row is read once per query: the bytes a memory-bound step moves."""
+    sparse_latent = latent if sparse_latent is None else sparse_latent
+    return dict(dense=T * latent, sparse=T * index_key + min(top_k, T) * sparse_latent)
+
+
+# Our reading of Figure 3 of the DeepSeek-V3.2-Exp report ("Inference costs of DeepSeek-V3.1-Terminus and
+# DeepSeek-V3.2-Exp on H800 clusters"; cost per million tokens in USD against the token position, from their
+# deployed service at 2 USD per GPU hour): straight lines fitted to the plotted curves' pixels. Ours, not
+# DeepSeek's numbers: each is good to about 2% of the panel's full scale. ``slope`` in USD per million tokens
+# per 1K of position, ``at_0`` the line's value at position 0; for V3.2-Exp past its kink (positions >= 12K),
+# and ``kink`` the position (K tokens) where its prefill line changes slope.
+DSA_COST_FIGURE = {
+    "prefill": {"V3.1-Terminus": dict(at_0=0.0557, slope=4.894e-3), "V3.2-Exp": dict(at_0=0.0985, slope=7.33e-4),
+                "V3.2-Exp below the kink": dict(at_0=0.0645, slope=5.8e-3), "kink": 6.7},
+    "decode": {"V3.1-Terminus": dict(at_0=0.0752, slope=1.669e-2), "V3.2-Exp": dict(at_0=0.1500, slope=8.42e-4)},
+}
+
+
+def cost_model_vs_figure(config: dict = DEEPSEEK_V32, figure: dict = DSA_COST_FIGURE,
+                         cache: dict = CACHE_BYTES) -> dict[str, dict[str, float]]:
+    """The counting models set beside our reading of DeepSeek's Figure 3 (:data:`DSA_COST_FIGURE`). Per
+    quantity, ``predicted`` (from :func:`per_pair_flops` and :data:`CACHE_BYTES`; positions in tokens) and
+    ``read`` (from the figure; its "K" is 1024 tokens):
+
+    * ``prefill_kink``: the position where the sparse path (indexer over every key, MQA-form attention
+      over ``k``) becomes cheaper than DeepSeek's "masked MHA mode" (dense MHA over every key, plus the
+      indexer): ``mqa * k / mha``;
+    * ``masked_mha_slope``: that mode's cost per key over V3.1's dense MHA: ``(mha + indexer) / mha``;
+    * ``prefill_slope``: V3.1's cost per key over V3.2's past the kink, predicted ``mha / indexer`` with
+      the indexer's FP8 FLOPs at the price of bf16 ones (``predicted``) or at half (``predicted_fp8``);
+    * ``decode_slope``: the same for decoding, by FLOPs (``mqa / indexer``, and at half price) and by
+      bytes read (``bytes``: a bf16 latent row against an FP8 index key and its scale);
+    * ``decode_offset``: how far V3.2's decode line starts above V3.1's, against the cost of reading ``k``
+      keys on V3.1's own line (``predicted``)."""
+    c = per_pair_flops(config)
+    k = config["index_topk"]
+    pre, dec = figure["prefill"], figure["decode"]
+    per_token = 1 / 1024                                  # the figure's slopes are per 1K positions
+    return {
+        "prefill_kink": dict(predicted=c["mqa"] * k / c["mha"], read=figure["prefill"]["kink"] * 1024),
+        "masked_mha_slope": dict(predicted=(c["mha"] + c["indexer"]) / c["mha"],
+                                 read=pre["V3.2-Exp below the kink"]["slope"] / pre["V3.1-Terminus"]["slope"]),
+        "prefill_slope": dict(predicted=c["mha"] / c["indexer"], predicted_fp8=2 * c["mha"] / c["indexer"],
+                              read=pre["V3.1-Terminus"]["slope"] / pre["V3.2-Exp"]["slope"]),
+        "decode_slope": dict(predicted=c["mqa"] / c["indexer"], predicted_fp8=2 * c["mqa"] / c["indexer"],
+                             bytes=cache["latent"] / cache["index_key"],
+                             read=dec["V3.1-Terminus"]["slope"] / dec["V3.2-Exp"]["slope"]),
+        "decode_offset": dict(predicted=k * per_token * dec["V3.1-Terminus"]["slope"],
+                              read=dec["V3.2-Exp"]["at_0"] - dec["V3.1-Terminus"]["at_0"]),
+    }
 
 
 __all__ = ["DEEPSEEK_V32", "restrict", "eot_plan_on_support", "transport_reading", "tight_values",
-           "random_rows", "noisy_indexer", "mechanism_map", "blind_needle", "PlantedTask", "planted_task", "Indexer",
+           "random_rows", "noisy_indexer", "mechanism_map", "blind_needle", "signed_indexer_needle", "head_plans",
+           "shared_selection_loss", "PlantedTask", "planted_task", "Indexer",
            "train_indexer", "recall", "recall_grid", "indexer_flops", "attention_flops", "topk_attention_flops",
-           "mla_mqa_dims", "per_pair_flops", "break_even_length", "decode_flops", "cache_elements_per_token"]
+           "mla_dims", "per_pair_flops", "break_even_length", "prefill_break_even", "decode_flops",
+           "CACHE_BYTES", "cache_bytes_per_token", "decode_bytes", "DSA_COST_FIGURE", "cost_model_vs_figure"]

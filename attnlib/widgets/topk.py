@@ -103,4 +103,39 @@ def recall_figure(ks: Sequence[int], curves: dict[str, tuple[Sequence[float], Se
     return fig
 
 
-__all__ = ["mechanism_map_figure", "recall_figure"]
+SHARED_SERIES = {"own": "each head its own top-k", "shared": "one shared top-k: mean over heads",
+                 "worst_head": "one shared top-k: worst head"}
+
+
+def shared_selection_figure(heads: Sequence[int], by_common: dict[float, dict[str, Sequence[float]]], *,
+                            top_k: int, title: str) -> go.Figure:
+    """What one selection shared by all heads costs each head: the mass a head's plan keeps on the
+    selected keys against the number of heads ``H`` (log axis), for a per-head selection, and for one
+    shared selection (its mean over heads and its worst head). ``by_common[c][series]`` holds one value
+    per entry of ``heads`` (series as :data:`SHARED_SERIES`); a slider steps through the share ``c`` of
+    each head's plan that is common to all heads."""
+    commons = sorted(by_common)
+    if not commons:
+        raise ValueError("by_common must hold at least one share")
+    styles = {"own": dict(line=dict(color="black", dash="dash"), marker=dict(color="black")),
+              "shared": dict(line=dict(color=colour(0)), marker=dict(color=colour(0))),
+              "worst_head": dict(line=dict(color=LOST_COLOUR), marker=dict(color=LOST_COLOUR))}
+
+    def traces(c):
+        return [go.Scatter(x=list(heads), y=[float(v) for v in by_common[c][key]], name=name, mode="lines+markers",
+                           hovertemplate="H = %{x}<br>mass kept %{y:.3f}<extra></extra>", **styles[key])
+                for key, name in SHARED_SERIES.items()]
+
+    active = len(commons) // 2
+    fig = go.Figure(traces(commons[active]))
+    fig.update_xaxes(title_text="heads sharing the selection (H)", type="log", tickvals=list(heads),
+                     ticktext=[str(h) for h in heads])
+    fig.update_yaxes(title_text=f"head's mass on the {top_k} keys kept", range=[0, 1.02])
+    fig.update_layout(title=title, height=480)
+    labels = [f"{c:g}" for c in commons]
+    frames = [go.Frame(data=traces(c), name=label) for c, label in zip(commons, labels)]
+    add_frame_slider(fig, frames, labels, prefix="share common to all heads: ", active=active)
+    return fig
+
+
+__all__ = ["mechanism_map_figure", "recall_figure", "shared_selection_figure"]
