@@ -464,6 +464,28 @@ def test_match2_anna_weights_counted_per_symbol_equal_anna_on_the_sequences(n_ta
     assert (w_op.sum(-1) > 0).any()
 
 
+@pytest.mark.parametrize("n_tables,n_bits", [(3, 2), (64, 8)])
+def test_match2_set_weighting_is_uniform_over_the_keys_that_collide_in_some_table(n_tables, n_bits):
+    """``weighting="set"``: the keys with a non-zero weight in ANNA's own (count) weights, each weighted
+    alike -- built here from ``anna_attention`` on the sequences; rows with no collision stay zero."""
+    from attnlib.experiments.anna import anna_error_grid, match2_anna_weights
+    model, x, _ = _match2_model_and_sequences(5, seed=3)
+    w_set = match2_anna_weights(model, x, n_tables, n_bits, seed=11, weighting="set")
+    q, k = _unit_qk(model, x)
+    _, w_op = anna_attention(q, k, torch.zeros(5, 1, 32, 1), n_tables=n_tables, n_bits=n_bits, seed=11,
+                             return_weights=True)
+    hit = (w_op > 0).double()
+    expected = hit / hit.sum(-1, keepdim=True).clamp_min(1)
+    assert (w_set.double() - expected).abs().max() < 1e-6
+    assert torch.equal(w_set > 0, w_op > 0)                                    # the same support
+    if n_tables > 1:                                                           # some key collides twice
+        assert not torch.allclose(w_set.double(), w_op, atol=1e-6)
+    with pytest.raises(ValueError, match="weighting"):
+        match2_anna_weights(model, x, 2, 2, seed=0, weighting="uniform")
+    with pytest.raises(ValueError, match="match2 only"):
+        anna_error_grid(model, "induction", [4], [2], n=2, seed=0, weighting="set")
+
+
 # ---------------------------------------------------------------------------- a value reaches its bucket only
 
 BACKENDS = ["torch", pytest.param("triton", marks=pytest.mark.skipif(

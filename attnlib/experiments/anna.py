@@ -354,10 +354,20 @@ def match2_partner_geometry(model: TinyModel) -> dict:
     return dict(partner_cos=partner.cpu(), max_other_cos=others.max(-1).values.cpu())
 
 
+WEIGHTINGS = ("count", "set")
+
+
 @torch.no_grad()
-def match2_anna_weights(model: TinyModel, x: torch.Tensor, n_tables: int, n_bits: int, seed: int) -> torch.Tensor:
+def match2_anna_weights(model: TinyModel, x: torch.Tensor, n_tables: int, n_bits: int, seed: int,
+                        weighting: str = "count") -> torch.Tensor:
     """The weights ``w [n, 1, N, N]`` that ANNA (SimHash, ``n_tables`` tables of ``n_bits`` bits, tables
     drawn from ``seed``) gives a one-layer Match2 model on the sequences ``x [n, N]``, computed per symbol.
+
+    ``weighting="count"`` (the library's, :func:`attnlib.anna_attention`): ``w_ij = m_ij / sum_j' m_ij'``,
+    ``m_ij`` the number of tables in which ``q_i`` and ``k_j`` share a bucket. ``weighting="set"``: uniform
+    weights over the set of keys that collide in at least one table, ``w_ij = [m_ij > 0] / #{j': m_ij' > 0}``
+    -- the other reading of an implementation that looks up every table and averages what it finds
+    (chapter 5, exercise 4).
 
     Without positions, a token's unit query and key depend on its symbol alone, so whether ``q_i`` and
     ``k_j`` share a bucket of a table depends only on ``(x_i, x_j)``: hash the ``M`` symbols' queries and
@@ -366,20 +376,31 @@ def match2_anna_weights(model: TinyModel, x: torch.Tensor, n_tables: int, n_bits
     It costs ``O(l M^2)`` instead of ``O(l n N D)``, which is what lets the reproduction sweep ``l`` into
     the thousands; a test checks it against ``anna_attention`` on the sequences themselves."""
     _check_match2_model(model, "match2_anna_weights")
+    if weighting not in WEIGHTINGS:
+        raise ValueError(f"weighting must be one of {WEIGHTINGS}; got {weighting!r}")
     q, k = model.attn[0].unit_qk(model.emb.weight[None])                       # [1, 1, M, d]
     proj = lsh_projections("simhash", n_tables, n_bits, q.shape[-1], seed)
     C = anna_collision_counts(lsh_codes(q, proj, "simhash"), lsh_codes(k, proj, "simhash"))[0, 0]
+    if weighting == "set":
+        C = (C > 0).to(C.dtype)                                                # each colliding key once
     x = x.to(C.device)
     m = C[x[:, :, None], x[:, None, :]]                                        # [n, N, N]
     return anna_weights_from_counts(m, dtype=torch.float32)[:, None]
 
 
 def anna_error_grid(model: TinyModel, task: str, ls, zs, *, n: int, seed: int, n_hash_seeds: int = 2,
-                    device: str | torch.device = "cpu", N: int | None = None, k: int = 1) -> torch.Tensor:
+                    device: str | torch.device = "cpu", N: int | None = None, k: int = 1,
+                    weighting: str = "count") -> torch.Tensor:
     """``[len(ls), len(zs)]`` error of the model distilled into ANNA: every attention layer replaced by
     ``anna_attention`` with ``n_tables = l`` (``ls`` holds one ``l`` per layer as a tuple when the
     model has several layers) and ``n_bits = z``; averaged over ``n_hash_seeds`` draws of the tables.
-    For Match2 the weights come from ``match2_anna_weights`` (the same operator, counted per symbol)."""
+    For Match2 the weights come from ``match2_anna_weights`` (the same operator, counted per symbol),
+    which also serves ``weighting="set"`` (uniform over the colliding keys); other tasks count."""
+    if weighting not in WEIGHTINGS:
+        raise ValueError(f"weighting must be one of {WEIGHTINGS}; got {weighting!r}")
+    if weighting != "count" and task != "match2":
+        raise ValueError(f"weighting={weighting!r} is served for match2 only (anna_attention counts); "
+                         f"got task={task!r}")
     out = torch.zeros(len(ls), len(zs), dtype=torch.float64)
     *_, draw = _task(task, N, k)
     x = draw(n, seed)[0]
@@ -390,7 +411,7 @@ def anna_error_grid(model: TinyModel, task: str, ls, zs, *, n: int, seed: int, n
             for h in range(n_hash_seeds):
                 serve = [(li, z, seed + 7919 * h + 104729 * i) for i, li in enumerate(per_layer)]
                 if task == "match2":
-                    serve = [match2_anna_weights(model, x, *serve[0]).to(device)]
+                    serve = [match2_anna_weights(model, x, *serve[0], weighting=weighting).to(device)]
                 errs.append(error_rate(model, task, n=n, seed=seed, device=device, N=N, k=k, anna=serve))
             out[a, b] = sum(errs) / len(errs)
     return out

@@ -44,20 +44,25 @@ CORPUS_FILES = tuple(f + ".py" for f in sorted(
     "uuid warnings weakref zipapp".split()))
 VAL_FRACTION = 0.1
 
-# Published perplexities (theirs, not ours), each with the split it was measured on and where a reader
-# finds it. Zhang: arXiv 2512.19428, Wikitext-2 with a WordPiece vocabulary. Arledge: "Grassmann Flows
-# for Sequence Modeling: An Independent Reproduction Study" (elliotarledge.com/blog/grassmann-flows,
-# code github.com/Infatoshi/grassmann-flows), section 6.2: GPT-2 tokenizer, 6 layers, d = 256, r = 32,
-# sequence length 256, 20 epochs; "best validation" is the best epoch's validation perplexity.
+# Published perplexities and parameter counts (theirs, not ours), each with the split it was measured
+# on and where a reader finds it. Zhang: arXiv 2512.19428, Wikitext-2 with a "WordPiece-like" vocabulary
+# of about 30,522 tokens, best validation perplexity over 30 epochs; Table 1 (6 layers, block size 128,
+# two window schedules) and Table 2 (12 layers, block size 256). Arledge: "Grassmann Flows for Sequence
+# Modeling: An Independent Reproduction Study" (elliotarledge.com/blog/grassmann-flows, code
+# github.com/Infatoshi/grassmann-flows): GPT-2 tokenizer, 6 layers, d = 256, r = 32, sequence length 256,
+# 20 epochs, an 8-head Transformer (section 5); its section 6.2 gives the perplexities and parameter
+# counts; "best validation" is the best epoch's validation perplexity.
 PUBLISHED = [
-    dict(source="Zhang 2025 (the paper), Wikitext-2, 6 layers, block 128", split="validation",
-         transformer=248.4, grassmann=275.7),
-    dict(source="Zhang 2025 (the paper), Wikitext-2, 12 layers, block 256", split="validation",
-         transformer=235.2, grassmann=261.1),
-    dict(source="Arledge 2025 (reproduction), GPT-2 tokens, 6 layers", split="best validation",
-         transformer=190.03, grassmann=236.05),
-    dict(source="Arledge 2025 (reproduction), GPT-2 tokens, 6 layers", split="test",
-         transformer=198.17, grassmann=242.94),
+    dict(source="Zhang 2025 (the paper), Wikitext-2, 6 layers, block 128", where="Table 1, rows 1-2",
+         split="validation", transformer=248.4, grassmann=275.7, params_m=(12.59, 13.00)),
+    dict(source="Zhang 2025 (the paper), Wikitext-2, 6 layers, block 128", where="Table 1, rows 3-4",
+         split="validation", transformer=253.6, grassmann=282.3, params_m=(12.59, 13.00)),
+    dict(source="Zhang 2025 (the paper), Wikitext-2, 12 layers, block 256", where="Table 2",
+         split="validation", transformer=235.2, grassmann=261.1, params_m=(17.32, 18.16)),
+    dict(source="Arledge 2025 (reproduction), GPT-2 tokens, 6 layers", where="section 6.2",
+         split="best validation", transformer=190.03, grassmann=236.05, params_m=(17.67, 17.70)),
+    dict(source="Arledge 2025 (reproduction), GPT-2 tokens, 6 layers", where="section 6.2",
+         split="test", transformer=198.17, grassmann=242.94, params_m=(17.67, 17.70)),
 ]
 
 
