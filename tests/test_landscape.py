@@ -146,11 +146,13 @@ def test_exactness_table_and_delta_verdict():
     recall = recall_vs_pairs(counts, 16, generator=torch.Generator().manual_seed(0), trials=2)
     verdict = L.delta_rule_verdict(counts, recall)
     assert verdict["distinct"] == []                           # distinct random keys: never the delta rule
-    rows = L.exactness_table(L.adversary_errors(T=64), counts, recall, dim=16, mqar={"softmax": 1.0})
+    rows = L.exactness_table(L.adversary_errors(T=64), counts, recall, dim=16,
+                             mqar={"fits": {"softmax": 1.0}, "exceeds": {"softmax": 0.5, "hybrid": 0.2}})
     by = {r["mechanism"]: r for r in rows}
-    assert len(rows) == len(L.MECHANISMS) and by[L.LABELS["softmax"]]["mqar"] == 1.0
+    assert len(rows) == len(L.MECHANISMS) and by[L.LABELS["softmax"]]["mqar_fits"] == 1.0
+    assert by[L.LABELS["hybrid"]]["mqar_exceeds"] == 0.2 and by[L.LABELS["hybrid"]]["mqar_fits"] is None
     assert by[L.LABELS["softmax"]]["recall_distinct_N64"] == 1.0
-    assert by[L.LABELS["anna"]]["recall_distinct_N8"] is None and by[L.LABELS["linear"]]["mqar"] is None
+    assert by[L.LABELS["anna"]]["recall_distinct_N8"] is None and by[L.LABELS["linear"]]["mqar_fits"] is None
 
 
 def test_unknown_mechanism_is_refused():

@@ -355,6 +355,10 @@ def _figure_builders():
         "hybrid_recall": lambda: wh.hybrid_recall_figure(
             {"Gated DeltaNet": {0: [.3, .35], .5: [.8, .9], 1: [1, .98]}, "linear": {0: [.2, .25], 1: [1, .98]}},
             title="recall", chance=1 / 8, ratio_labels={0: "all-linear", 1: "all-softmax"}),
+        "hybrid_curves": lambda: wh.hybrid_curves_figure(
+            {task: {lr: {"all-linear": [[(0, .1), (25, .2), (50, .3)]] * 2, "1:1": [[(0, .1), (25, .9), (50, 1)]] * 2}
+                    for lr in (3e-3, 1e-2, 3e-2)} for task in ("fits", "exceeds")},
+            title="MQAR recall while training", chance={"fits": 1 / 8, "exceeds": 1 / 64}),
         "plucker_features": lambda: wg.features_figure(torch.randn(10, 6, generator=g, dtype=torch.float64),
                                                        [3, 6], [1, 4]),
         "flash_walk": _flash_walk,

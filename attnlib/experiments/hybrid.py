@@ -16,6 +16,10 @@ Probes of a trained model: :func:`recall_by_pair` (recall of each written pair, 
 list: the first pair is the one written longest before the queries), :func:`answers_a_commonest_value`
 (does the model answer with the value listed most often -- counting, not recalling) and
 :func:`recall_without` (recall with some layers' mixers switched off: which layers do the recalling).
+
+The grid (``scripts/hybrid_grid.py``: every ratio at several learning rates and seeds, with learning
+curves, on a task that fits a layer's state and one that exceeds it) is read by :func:`steps_to_recall`,
+:func:`grid_summary` and :func:`grid_curves`, which take its parsed JSON and train nothing.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 import torch.nn as nn
 
@@ -141,5 +146,66 @@ def recall_without(model: nn.Module, layers: Sequence[int], tokens: torch.Tensor
             h.remove()
 
 
+# ---------------------------------------------------------------------------------------------
+# The grid of trained hybrids (scripts/hybrid_grid.py): reading its runs, no training
+# ---------------------------------------------------------------------------------------------
+
+def steps_to_recall(curve: Sequence[Sequence[float]], threshold: float = 0.9) -> int | None:
+    """The first evaluated step of a learning curve (``[(step, recall), ...]`` in step order, as
+    :func:`attnlib.experiments.mqar.train_recall` records it) at which recall is at least ``threshold``;
+    ``None`` if it never is. Only the evaluated steps are seen: the true first step lies after the
+    evaluation before it."""
+    for step, recall in curve:
+        if recall >= threshold:
+            return int(step)
+    return None
+
+
+def _ratio_order(run: dict) -> tuple:
+    return run["full_fraction"], str(run["ratio"])
+
+
+def grid_summary(runs: Sequence[dict], threshold: float = 0.9) -> list[dict]:
+    """One row per (task, ratio, lr) of a grid's runs (dicts with ``task``, ``ratio``, ``ratio_label``,
+    ``full_fraction``, ``lr``, ``seed``, ``curve``, ``final_recall``): over its seeds, the final recall's
+    mean and sample sd (``None`` with one seed), each seed's final recall and steps to ``threshold``
+    (:func:`steps_to_recall`; ``None``: never), how many and what fraction reached it, and the median
+    step at which those that did reached it (``None`` if none did). Rows come in the runs' task order,
+    then by fraction of full layers, then by lr; seeds within a row in seed order."""
+    cells: dict[tuple, list[dict]] = {}
+    for run in runs:
+        cells.setdefault((run["task"], str(run["ratio"]), float(run["lr"])), []).append(run)
+    tasks = list(dict.fromkeys(run["task"] for run in runs))
+    rows = []
+    for key in sorted(cells, key=lambda k: (tasks.index(k[0]), _ratio_order(cells[k][0]), k[2])):
+        cell = sorted(cells[key], key=lambda r: r["seed"])
+        final = np.array([r["final_recall"] for r in cell], dtype=float)
+        reach = [steps_to_recall(r["curve"], threshold) for r in cell]
+        hits = [s for s in reach if s is not None]
+        first = cell[0]
+        rows.append({"task": first["task"], "ratio": first["ratio"], "ratio_label": first["ratio_label"],
+                     "full_fraction": first["full_fraction"], "lr": float(first["lr"]),
+                     "seeds": [r["seed"] for r in cell], "n_seeds": len(cell),
+                     "final_recall": final.tolist(), "final_recall_mean": float(final.mean()),
+                     "final_recall_sd": float(final.std(ddof=1)) if len(cell) > 1 else None,
+                     "steps_to_threshold": reach, "reached": len(hits), "reached_fraction": len(hits) / len(cell),
+                     "median_steps_to_threshold": float(np.median(hits)) if hits else None})
+    return rows
+
+
+def grid_curves(runs: Sequence[dict]) -> dict[str, dict[float, dict[str, list[list[tuple[int, float]]]]]]:
+    """A grid's learning curves, grouped for drawing: ``curves[task][lr][ratio label]`` is the list of
+    its seeds' curves (``[(step, recall), ...]``), tasks in the runs' order, learning rates ascending,
+    ratios by fraction of full layers (all-linear first), seeds in seed order."""
+    out: dict = {}
+    ordered = sorted(runs, key=lambda r: (float(r["lr"]), _ratio_order(r), r["seed"]))
+    for task in dict.fromkeys(run["task"] for run in runs):
+        for run in (r for r in ordered if r["task"] == task):
+            per_ratio = out.setdefault(task, {}).setdefault(float(run["lr"]), {})
+            per_ratio.setdefault(run["ratio_label"], []).append([(int(s), float(v)) for s, v in run["curve"]])
+    return out
+
+
 __all__ = ["ALL_LINEAR", "LINEAR_MIXERS", "hybrid_pattern", "full_fraction", "ratio_label", "mixer_flops",
-           "quadratic_coefficient", "recall_by_pair", "answers_a_commonest_value", "recall_without"]
+           "quadratic_coefficient", "recall_by_pair", "answers_a_commonest_value", "recall_without",
+           "steps_to_recall", "grid_summary", "grid_curves"]

@@ -547,11 +547,12 @@ def delta_rule_verdict(pair_counts: Sequence[int], recall: Mapping[str, Mapping[
 
 def exactness_table(errors: Mapping[str, float | None], pair_counts: Sequence[int],
                     recall: Mapping[str, Mapping[str, torch.Tensor]], *, dim: int,
-                    mqar: Mapping[str, float] | None = None) -> list[dict]:
+                    mqar: Mapping[str, Mapping[str, float]] | None = None) -> list[dict]:
     """One row per mechanism: chapter 2's adversary error (or why it does not apply), the state's
     no-training recall at the smallest and largest ``N`` (distinct keys, and with overwrites) where the
-    capacity experiment has the mechanism, and an MQAR accuracy from ``mqar`` (trained elsewhere; blank
-    when absent). ``recall`` is :func:`attnlib.experiments.recall.recall_vs_pairs`'s output."""
+    capacity experiment has the mechanism, and trained MQAR recalls from ``mqar`` (trained elsewhere):
+    ``mqar[column][mechanism]`` becomes the row's ``"mqar_<column>"`` (blank where a mechanism has none).
+    ``recall`` is :func:`attnlib.experiments.recall.recall_vs_pairs`'s output."""
     rule = {"softmax": "softmax", "linear": "linear", "delta": "delta", "gated_delta": "delta"}
     mqar = mqar or {}
     rows = []
@@ -574,7 +575,8 @@ def exactness_table(errors: Mapping[str, float | None], pair_counts: Sequence[in
             "grassmann": "no key-value store: the last max(offsets) tokens",
             "hybrid": "its full layers keep every pair",
         }[mech]
-        row["mqar"] = mqar.get(mech)
+        for column, by_mech in mqar.items():
+            row[f"mqar_{column}"] = by_mech.get(mech)
         rows.append(row)
     return rows
 
@@ -791,7 +793,8 @@ def indexer_hosts(designs: Mapping[str, Mapping] = DESIGNS, *, index_heads: int 
 
 
 def quadratic_share(ratio: int) -> float:
-    """``f = 1 / (r + 1)``: the share of layers that stay quadratic with one full layer in ``r + 1``."""
+    """``f = 1 / (n_lin + 1)``: the share of layers that stay quadratic with one full layer in every
+    ``n_lin + 1`` (``ratio`` is n_lin, the linear:full ratio's first term)."""
     return 1.0 / (ratio + 1)
 
 

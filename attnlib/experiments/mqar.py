@@ -179,6 +179,8 @@ class RecallResult:
     steps: int
     params: int
     model: nn.Module | None = field(default=None, repr=False, compare=False)   # trained, in eval mode
+    # (optimiser steps taken, recall on a fixed held-out batch) along the way; empty unless asked for
+    curve: list[tuple[int, float]] = field(default_factory=list)
 
 
 def recall_accuracy(model: nn.Module, tokens: torch.Tensor, targets: torch.Tensor) -> float:
@@ -189,20 +191,50 @@ def recall_accuracy(model: nn.Module, tokens: torch.Tensor, targets: torch.Tenso
     return (pred[keep] == targets[keep]).float().mean().item()
 
 
+def curve_steps(steps: int, eval_every: int) -> list[int]:
+    """The optimiser steps after which :func:`train_recall` evaluates a learning curve: 0 (before
+    training), every ``eval_every`` steps, and ``steps`` (the end), each once."""
+    return sorted({*range(0, steps, eval_every), steps})
+
+
 def train_recall(mixer: str | Sequence[str], n_pairs: int, *, steps: int = 200, batch: int = 32,
                  d_model: int = 64, n_layers: int | None = None, n_heads: int = 2, lr: float = 3e-3, n_keys: int = 64,
                  n_values: int = 64, seed: int = 0, device: torch.device | str = "cpu",
-                 test_batch: int = 256, chunk_size: int = 16) -> RecallResult:
+                 test_batch: int = 256, chunk_size: int = 16, eval_every: int | None = None,
+                 eval_batch: int = 128) -> RecallResult:
     """Train a :class:`RecallModel` on fresh MQAR batches (AdamW, cosine schedule, no data reuse)
     and report its recall on a held-out batch. ``mixer`` and ``n_layers`` as for :class:`RecallModel`;
-    the result keeps the trained model (``.model``) for probes."""
+    the result keeps the trained model (``.model``) for probes.
+
+    ``eval_every``: also record a learning curve (``.curve``): recall on one fixed batch of
+    ``eval_batch`` sequences, held out from training and drawn apart from the test batch, at the steps
+    :func:`curve_steps` lists. The evaluation draws from its own generator and no randomness of
+    torch's global generator, so the training is the same, bit for bit, with or without it."""
+    steps = _validate.check_int("steps", steps, lo=1)
+    if eval_every is not None:
+        eval_every = _validate.check_int("eval_every", eval_every, lo=1, why=" (or None: no curve)")
+        eval_batch = _validate.check_int("eval_batch", eval_batch, lo=1)
     torch.manual_seed(seed)
     gen = torch.Generator().manual_seed(seed + 1)
     model = RecallModel(n_keys + n_values, d_model, n_layers, n_heads, mixer, chunk_size).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
     sched = warmup_cosine(opt, steps, warmup=20)
+    curve: list[tuple[int, float]] = []
+    at = set(curve_steps(steps, eval_every)) if eval_every is not None else set()
+    if at:
+        # drawn before training from a generator of its own: the training stream is untouched
+        xe, ye = mqar_batch(eval_batch, n_pairs, n_keys=n_keys, n_values=n_values,
+                            generator=torch.Generator().manual_seed(20_000 + seed), device=device)
+
+    def record(step: int) -> None:
+        if step in at:
+            model.eval()
+            curve.append((step, recall_accuracy(model, xe, ye)))
+            model.train()
+
     loss = torch.tensor(float("nan"))
-    for _ in range(steps):
+    record(0)
+    for step in range(steps):
         x, y = mqar_batch(batch, n_pairs, n_keys=n_keys, n_values=n_values, generator=gen, device=device)
         logits = model(x)
         loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1), ignore_index=IGNORE)
@@ -211,6 +243,7 @@ def train_recall(mixer: str | Sequence[str], n_pairs: int, *, steps: int = 200, 
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         sched.step()
+        record(step + 1)
     test_gen = torch.Generator().manual_seed(10_000 + seed)
     xt, yt = mqar_batch(test_batch, n_pairs, n_keys=n_keys, n_values=n_values, generator=test_gen,
                         device=device)
@@ -218,4 +251,4 @@ def train_recall(mixer: str | Sequence[str], n_pairs: int, *, steps: int = 200, 
     acc = recall_accuracy(model, xt, yt)
     mixers = model.mixers if len(set(model.mixers)) > 1 else model.mixers[0]
     return RecallResult(mixers, n_pairs, acc, float(loss.detach()), steps, sum(p.numel() for p in model.parameters()),
-                        model)
+                        model, curve)

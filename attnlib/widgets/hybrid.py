@@ -1,7 +1,10 @@
 """Chapter 7's hybrids: recall of models that mix full (softmax) and linear-time layers, against the
 fraction of their layers that are full. The lab trains the models (``attnlib.experiments.hybrid``
 writes the layouts); this draws what it measured: every seed a point, the mean a line, one slider
-step per kind of linear layer."""
+step per kind of linear layer (:func:`hybrid_recall_figure`); and the grid's learning curves
+(``scripts/hybrid_grid.py``, grouped by :func:`attnlib.experiments.hybrid.grid_curves`): recall
+against training steps, one line per ratio, one slider step per task and learning rate
+(:func:`hybrid_curves_figure`)."""
 
 from __future__ import annotations
 
@@ -68,4 +71,74 @@ def hybrid_recall_figure(recall: Mapping[str, Mapping[float, Sequence[float]]], 
     return fig
 
 
-__all__ = ["hybrid_recall_figure"]
+def _mean_curve(seeds: Sequence[Sequence[Sequence[float]]]) -> tuple[list[int], list[float]]:
+    steps = [int(s) for s, _ in seeds[0]]
+    if any([int(s) for s, _ in c] != steps for c in seeds):
+        raise ValueError("the seeds of one ratio must be evaluated at the same steps")
+    return steps, np.mean([[float(r) for _, r in c] for c in seeds], axis=0).tolist()
+
+
+def hybrid_curves_figure(curves: Mapping[str, Mapping[float, Mapping[str, Sequence[Sequence[Sequence[float]]]]]], *,
+                         title: str, threshold: float | None = 0.9,
+                         chance: Mapping[str, float] | None = None) -> go.Figure:
+    """``curves[task][lr][ratio label] = [curve of each seed]``, a curve ``[(step, recall), ...]`` (as
+    :func:`attnlib.experiments.hybrid.grid_curves` groups a grid's runs): recall against training steps,
+    one colour per ratio -- the mean over seeds a thick line, each seed a thin one. One slider step per
+    (task, learning rate), in the order given; the subtitle names the step shown. ``threshold``: a dashed
+    line at that recall; ``chance[task]``: a dotted line at the recall of a uniform guess. A ratio missing
+    from some step (a grid cut short) is drawn empty there."""
+    cells = [(task, lr, per) for task, by_lr in curves.items() for lr, per in by_lr.items()]
+    if not cells:
+        raise ValueError("curves must hold at least one (task, lr) with curves")
+    labels = list(dict.fromkeys(label for _, _, per in cells for label in per))
+    n_seeds = {len(seeds) for _, _, per in cells for seeds in per.values()}
+
+    def last_step(task):
+        return max((c[-1][0] for per in curves[task].values() for seeds in per.values() for c in seeds if c), default=1)
+
+    def frame(task, lr, per):
+        out = []
+        for i, label in enumerate(labels):
+            seeds = [c for c in per.get(label, []) if c]
+            xs, ys = [], []
+            for c in seeds:                        # every seed in one trace, broken by None: a fixed trace count
+                xs += [int(s) for s, _ in c] + [None]
+                ys += [float(r) for _, r in c] + [None]
+            mx, my = _mean_curve(seeds) if seeds else ([], [])
+            out += [go.Scatter(x=xs, y=ys, mode="lines", name=f"{label}, one seed", legendgroup=label,
+                               showlegend=False, line=dict(color=colour(i), width=1), opacity=0.35,
+                               hoverinfo="skip"),
+                    go.Scatter(x=mx, y=my, mode="lines+markers", name=label, legendgroup=label,
+                               line=dict(color=colour(i), width=2.5), marker=dict(size=4),
+                               hovertemplate=f"{label}<br>step %{{x}}<br>mean recall %{{y:.3f}}<extra></extra>")]
+        end = last_step(task)
+        if threshold is not None:
+            out.append(go.Scatter(x=[0, end], y=[threshold, threshold], mode="lines", name=f"recall {threshold:g}",
+                                  line=dict(color="#888", dash="dash", width=1), hoverinfo="skip"))
+        if chance is not None:
+            out.append(go.Scatter(x=[0, end], y=[chance[task]] * 2, mode="lines", name="chance",
+                                  line=dict(color="#888", dash="dot", width=1), hoverinfo="skip"))
+        return out
+
+    def heading(task, lr):
+        seeds = f"{min(n_seeds)}" if len(n_seeds) == 1 else f"{min(n_seeds)}-{max(n_seeds)}"
+        return f"{title}<br><sup>{task} task, lr {lr:g}: mean of {seeds} seeds (thin: each)</sup>"
+
+    def x_range(task):
+        end = last_step(task)
+        return [-0.02 * end, 1.02 * end]
+
+    task0, lr0, per0 = cells[0]
+    fig = go.Figure(frame(task0, lr0, per0))
+    fig.update_xaxes(title_text="training steps", range=x_range(task0))
+    fig.update_yaxes(title_text="recall (held-out queries)", range=[-0.02, 1.05])
+    fig.update_layout(title=heading(task0, lr0), height=480)
+    if len(cells) > 1:
+        frames = [go.Frame(data=frame(task, lr, per), name=f"{task}, lr {lr:g}",
+                           layout=dict(title=dict(text=heading(task, lr)), xaxis=dict(range=x_range(task))))
+                  for task, lr, per in cells]
+        add_frame_slider(fig, frames, [f"{task}<br>{lr:g}" for task, lr, _ in cells], prefix="task, lr: ")
+    return fig
+
+
+__all__ = ["hybrid_recall_figure", "hybrid_curves_figure"]
