@@ -327,7 +327,8 @@ def anna_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, n_table
     why = "" if family == "simhash" else (f" (cross-polytope at D={D}: {bits_per_hash(family, D):.1f} bits per "
                                           "hash, the table key must fit in 62 bits)")
     _validate.check_int("n_bits", n_bits, lo=1, hi=nb_max, why=why)
-    _validate.check_int("seed", seed, lo=0)
+    # the converted int is the one used: a NumPy or torch integer is accepted; torch's seeds are < 2**64
+    seed = _validate.check_int("seed", seed, lo=0, hi=2**64 - 1)
     _validate.check_bool("return_weights", return_weights)
     if return_weights and Tq * Tk > MAX_WEIGHT_ENTRIES:
         raise ValueError(f"return_weights=True builds the Tq x Tk weight matrix; Tq * Tk = {Tq * Tk} exceeds "

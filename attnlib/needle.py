@@ -696,6 +696,7 @@ def bounded_case(T: int, d: int, beta: float, *, seed: int = 0, dtype=torch.floa
 
 def output_error(algo: Algorithm, q, k, v) -> float:
     """``max_{i, l} |o_il - exact_il|``: the entrywise error that Alman & Song bound."""
+    _validate.check_qkv(q, k, v)                      # before the reference: its errors name no argument
     exact = softmax_attention_reference(q.double(), k.double(), v.double(), scale=algo.scale)[0]
     return float((algo.attend(q, k, v).double() - exact).abs().max())
 

@@ -374,8 +374,10 @@ def indexer_kl_loss(attention_weights: torch.Tensor, I: torch.Tensor, selected: 
     if attention_weights.device != I.device:
         raise ValueError(f"attention_weights is on {attention_weights.device}; expected {I.device} to match I")
     if _validate.checks_values(attention_weights) and attention_weights.numel() \
-            and not (attention_weights >= 0).all():
-        raise ValueError("attention_weights has negative (or NaN) entries; expected attention weights >= 0")
+            and not ((attention_weights >= 0) & torch.isfinite(attention_weights)).all():
+        # +inf would normalise its row to NaN/0 and silently zero that row's loss and gradient
+        raise ValueError("attention_weights has negative, infinite or NaN entries; expected finite "
+                         "attention weights >= 0")
     support = torch.ones(Tq, Tk, dtype=torch.bool, device=I.device)
     if causal:
         support = support.tril()
@@ -389,6 +391,11 @@ def indexer_kl_loss(attention_weights: torch.Tensor, I: torch.Tensor, selected: 
                              "to match I")
         if selected.device != I.device:
             raise ValueError(f"selected is on {selected.device}; expected {I.device} to match I")
+        if _validate.checks_values(selected) and selected.numel() \
+                and not ((selected >= -1) & (selected < Tk)).all():
+            bad = selected[(selected < -1) | (selected >= Tk)]
+            raise ValueError(f"selected must hold key indices in [0, {Tk - 1}] or -1 (an empty slot); "
+                             f"got {bad.unique()[:5].tolist()}")
         support = support & selection_mask(selected, Tk)
     acc = acc_dtype(I.dtype)
     mass = attention_weights.detach().to(acc).sum(dim=1, keepdim=True).masked_fill(~support, 0.0)

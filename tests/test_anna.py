@@ -3,6 +3,7 @@ the weights must satisfy, the hash families, and bad input."""
 
 import math
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
@@ -594,3 +595,15 @@ def test_unchecked_a_nonfinite_key_collides_with_nothing_and_a_nonfinite_query_r
     clean, w_clean = anna_attention(q, k, v, return_weights=True, **kw)
     assert torch.isnan(o[:, :, j]).all() and torch.isnan(w[:, :, j]).all()
     assert torch.equal(o[:, :, keep], clean[:, :, keep]) and torch.equal(w[:, :, keep], w_clean[:, :, keep])
+
+
+def test_a_numpy_or_torch_integer_seed_is_the_same_seed():
+    q, k, v = _qkv(1, 1, 12, 12, 8, 8, 0)
+    kw = dict(n_tables=4, n_bits=2)
+    ref = anna_attention(q, k, v, seed=3, **kw)
+    for seed in (np.int64(3), np.uint8(3), torch.tensor(3)):
+        assert torch.equal(anna_attention(q, k, v, seed=seed, **kw), ref), type(seed)
+    anna_attention(q, k, v, seed=2**64 - 1, **kw)                      # torch's largest seed
+    for bad in (2**64, -1):
+        with pytest.raises(ValueError, match="seed must be in"):
+            anna_attention(q, k, v, seed=bad, **kw)

@@ -206,3 +206,12 @@ def test_plant_rejects_a_haystack_that_touches_row_i():
         needle.plant(32, 4, 3, 9, 10.0, haystack_k=hay)
     with pytest.raises(ValueError, match=r"the planted pair \(i=3, j=40\) must lie in \[0, 32\)"):
         needle.plant(32, 4, 3, 40, 10.0)
+
+
+def test_output_error_names_the_mismatched_argument():
+    algo = needle.make("sliding_window", T=16, d=8)
+    q = k = v = torch.randn(1, 1, 16, 8)
+    with pytest.raises(ValueError, match="^v has shape"):
+        needle.output_error(algo, q, k, v[:, :, :3])
+    with pytest.raises(ValueError, match="^v has shape"):
+        needle.output_error(algo, q, k[:, :, :10], v)

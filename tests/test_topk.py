@@ -359,6 +359,21 @@ def test_sparse_kl_loss_of_a_row_with_no_target_mass_on_its_selection_is_zero():
     assert kl.tolist() == [[0.0, 0.0, 0.0]]
 
 
+def test_kl_loss_refuses_selections_out_of_range_and_infinite_weights():
+    w, _ = _teacher(seed=15)
+    I = torch.randn(2, 1, 8, 8, generator=torch.Generator().manual_seed(3), dtype=F64)
+    sel = topk_select(I, 3)
+    for bad in (8, -2, 100):                      # Tk and below -1 once became an empty slot silently
+        wrong = sel.clone()
+        wrong[1, 0, 5, 1] = bad
+        with pytest.raises(ValueError, match=r"selected must hold key indices in \[0, 7\] or -1"):
+            indexer_kl_loss(w, I, wrong)
+    inf = w.clone()
+    inf[0, 1, 4, 2] = float("inf")                # once zeroed that row's loss, and so its gradient
+    with pytest.raises(ValueError, match="attention_weights has negative, infinite or NaN"):
+        indexer_kl_loss(inf, I)
+
+
 # ----------------------------------------------------------------------------- bad inputs
 
 def _args(**bad):
