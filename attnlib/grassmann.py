@@ -306,7 +306,7 @@ def plucker_features(z: torch.Tensor, offsets: Sequence[int] = DEFAULT_OFFSETS, 
         p = plucker(zs, other)                                   # [B, L, C], = s_t s_{t-delta} p(z_t, z_{t-delta})
         # p / max(||p||, eps) in the rescaled units; the norm's gradient is 0 where p = 0
         p = p / torch.maximum(p.norm(dim=-1), _threshold(eps, s, s_other))[..., None]
-        feats.append(p * valid[None, :, None])
+        feats.append(torch.where(valid[None, :, None], p, 0.0))      # not p * valid: NaN * 0 is NaN
     return torch.stack(feats, dim=2).to(z.dtype)
 
 
@@ -349,7 +349,8 @@ def plucker_projection_collapsed(z: torch.Tensor, weight: torch.Tensor, offsets:
     """
     acc = acc_dtype(z.dtype)
     u, s = _unit_scale(z.to(acc))
-    K = valid_counts(z.shape[1], offsets, pairing=pairing, device=z.device).clamp_min(1).to(acc)
+    counts = valid_counts(z.shape[1], offsets, pairing=pairing, device=z.device)
+    K = counts.clamp_min(1).to(acc)
     uu = u.square().sum(-1)
     w_hat = torch.zeros_like(u)
     for delta in offsets:
@@ -357,8 +358,10 @@ def plucker_projection_collapsed(z: torch.Tensor, weight: torch.Tensor, offsets:
         s_w = _partner(s[..., None], delta, pairing)[0][..., 0]
         _, v = _orthogonal_part(u, w, uu)
         n = _safe_norm(uu * v.square().sum(-1), _threshold(eps, s, s_w))     # max(||p||, eps), rescaled
-        w_hat = w_hat + (valid[None, :] / (K[None, :] * n))[..., None] * v
-    return plucker(u, w_hat) @ weight.to(acc).T
+        # an invalid offset adds exactly 0, even when z_t is not finite (a product with 0 would not)
+        w_hat = w_hat + torch.where(valid[None, :, None], v / (K[None, :] * n)[..., None], 0.0)
+    # g_t = 0 where no offset is valid, even when z_t is not finite (p(z_t, 0) would be NaN then)
+    return torch.where(counts[None, :, None] > 0, plucker(u, w_hat) @ weight.to(acc).T, 0.0)
 
 
 def antisymmetric_weight(weight: torch.Tensor, r: int) -> torch.Tensor:

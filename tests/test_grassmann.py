@@ -11,6 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from attnlib.grassmann import (
+    DEFAULT_OFFSETS,
+    MODES,
     CausalGrassmannMixing,
     antisymmetric_weight,
     n_pairs,
@@ -547,3 +549,24 @@ def test_paper_order_equals_the_layer_and_crossover_interpolates():
     assert torch.allclose(gx.grassmann_mixing_paper_order(layer, h), layer.mixing_signal(h)[1])
     assert gx.crossover([1, 10, 100], [10, 10, 10], [1, 5, 20]) > 10
     assert gx.crossover([1, 10], [10, 10], [1, 5]) is None
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+@pytest.mark.parametrize("t0", [0, 3, 39])
+def test_a_non_finite_token_reaches_only_the_pairs_it_is_in(bad, t0):
+    """One NaN or infinity at token t0: the features (and the layer's signal, both modes) are non-finite
+    exactly at the pairs (t, t - delta) with t = t0 or t - delta = t0, and finite -- invalid offsets
+    exactly 0 -- everywhere else."""
+    L, offsets = 40, DEFAULT_OFFSETS
+    z = torch.randn(1, L, 6, generator=torch.Generator().manual_seed(t0), dtype=torch.float64)
+    z[0, t0, 2] = bad
+    in_pair = torch.tensor([[t - d >= 0 and t0 in (t, t - d) for d in offsets] for t in range(L)])
+    invalid = torch.tensor([[t - d < 0 for d in offsets] for t in range(L)])
+    feats = plucker_features(z, offsets)[0]
+    assert torch.equal((~torch.isfinite(feats)).any(-1), in_pair)
+    assert feats[invalid].eq(0).all()
+    W = torch.randn(5, 15, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    for mode in MODES:
+        g = plucker_projection(z, W, offsets, mode=mode, backend="torch")[0]
+        assert torch.equal((~torch.isfinite(g)).any(-1), in_pair.any(1)), mode
+        assert g[~in_pair.any(1) & invalid.all(1)].eq(0).all(), mode
