@@ -72,7 +72,7 @@ TASKS = {
     "exceeds": dict(n_pairs=36, n_keys=36, n_values=16, steps=600, eval_every=25, eval_batch=64, test_batch=128),
 }
 # A longer budget on `exceeds`, for the ratios that did not learn it in 600 steps: is it capacity or time? On
-# `fits` the slower ratios needed about twice the steps of 1:1 and all-softmax, which on `exceeds` would
+# `fits` the slower ratios needed at least 1.5 times the steps of 1:1 and all-softmax, which on `exceeds` would
 # pass 600. Run apart from the grid (--tasks exceeds-long --out benchmarks/results/hybrid_grid_long.json).
 LONG_TASKS = {"exceeds-long": dict(TASKS["exceeds"], steps=1500, eval_every=50)}
 LONG_OUT = RESULTS / "hybrid_grid_long.json"
