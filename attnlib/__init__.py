@@ -4,7 +4,7 @@ One module per chapter's mechanism; each op has a reference in plain PyTorch (th
 and a Triton kernel, behind one function with ``backend="auto" | "torch" | "triton"``.
 """
 
-from . import eot, metrics, needle
+from . import eot, metrics
 from .anna import anna_attention
 from .attention import softmax_attention
 from .deltanet import delta_rule, delta_rule_decode_step
@@ -18,7 +18,7 @@ __version__ = "0.1.0"
 __all__ = [
     "softmax_attention",                                  # chapter 1
     "eot", "metrics",
-    "needle", "block_sparse_attention",                   # chapter 2
+    "block_sparse_attention",                             # chapter 2 (its needle: attnlib.experiments.needle)
     "linear_attention", "linear_attention_decode_step",   # chapter 3
     "delta_rule", "delta_rule_decode_step",               # chapter 4
     "anna_attention",                                     # chapter 5

@@ -34,6 +34,12 @@ BACKENDS = ("auto", "torch", "triton")
 KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 # The oldest GPU on which Triton's tl.dot reaches tensor cores (mma.sync from sm_80; sm_75 gets FMA).
 MIN_CAPABILITY = (8, 0)
+# The kernels' size limits, here rather than in kernels/common/launch.py (which re-exports them) so that
+# the ops can state them without importing Triton: one tile holds a whole head row (beyond 256 the
+# registers spill), and the chunked kernels run chunks of 16, 32 or 64 rows (the triangular solve works
+# on 16-blocks; wider chunks spill).
+MAX_HEAD_DIM = 256
+KERNEL_CHUNKS = (16, 32, 64)
 
 # Read once, at import: this is the value the kernels' @triton.jit decorators will see, because
 # attnlib.kernels is imported lazily, but always after this module. Changing the variable later

@@ -51,7 +51,7 @@ import math
 import torch
 
 from . import _validate
-from ._backend import choose_backend
+from ._backend import MAX_HEAD_DIM, choose_backend
 from ._numerics import acc_dtype
 
 FAMILIES = ("simhash", "crosspolytope")
@@ -155,7 +155,7 @@ def table_collision_probability(p_one, n_bits: int, n_tables: int):
 # The definition (dense; the test oracle) and the reference (sort + segment, no T x T)
 # ----------------------------------------------------------------------------------------------
 
-def anna_collision_counts(q_codes: torch.Tensor, k_codes: torch.Tensor, *, causal: bool = False) -> torch.Tensor:
+def anna_collision_counts(q_codes: torch.Tensor, k_codes: torch.Tensor, *, causal: bool) -> torch.Tensor:
     """``m_ij`` = number of tables in which query ``i`` and key ``j`` share a bucket: ``[B, H, Tq, Tk]``
     int64 (causal: zero above the diagonal). Builds the T x T matrix: small T only."""
     m = (q_codes.unsqueeze(-1) == k_codes.unsqueeze(-2)).sum(2)              # [B, H, Tq, Tk]
@@ -250,7 +250,7 @@ def _nan_where_query_nonfinite(x: torch.Tensor, q: torch.Tensor) -> torch.Tensor
 
 
 def anna_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, proj: torch.Tensor, *,
-                             family: str, causal: bool = False) -> torch.Tensor:
+                             family: str, causal: bool) -> torch.Tensor:
     """ANNA by sort and segmented scan, in plain PyTorch: memory ``O(l T Dv)``, never ``T x T``.
 
     Sums accumulate in float32 (float64 for float64 inputs); each bucket's sum is a sum of that
@@ -293,7 +293,7 @@ def _check_finite_directions(q: torch.Tensor, k: torch.Tensor) -> None:
 
 
 def anna_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, n_tables: int, n_bits: int,
-                   family: str = "simhash", seed: int = 0, causal: bool = False,
+                   family: str = "simhash", seed: int = 0, causal: bool,
                    return_weights: bool = False, backend: str = "auto"):
     """Approximate-nearest-neighbour attention by LSH.
 
@@ -340,8 +340,8 @@ def anna_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, n_table
     why_not = None
     if family == "crosspolytope" and D > 128:
         why_not = f"the cross-polytope hashing kernel holds a [D, D] tile on chip and takes D up to 128; got D={D}"
-    elif max(D, Dv) > 256:
-        why_not = f"the kernel takes head dims up to 256; got D={D}, Dv={Dv}"
+    elif max(D, Dv) > MAX_HEAD_DIM:
+        why_not = f"the kernel takes head dims up to {MAX_HEAD_DIM}; got D={D}, Dv={Dv}"
     which = choose_backend(backend, q, why_not=why_not)
     if which == "triton" and B * H * Tq * Tk > 0:
         o = _anna_attention_triton(q, k, v, proj, family=family, causal=causal)

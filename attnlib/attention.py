@@ -15,8 +15,15 @@ uninitialised right padding): the reference masks the scores with ``masked_fill`
 hands it ``v``'s finite part and marks NaN exactly the rows that saw a non-finite value
 (:func:`attnlib._numerics.split_nonfinite`), since ``P V`` would multiply them by a 0 weight and
 ``0 * NaN`` is NaN. The reference itself is the bare equation. The flash kernel skips the blocks above
-the diagonal (never loads them) but multiplies within the diagonal block, so there a non-finite
-*value* reaches the earlier rows of its own block: pad with zeros.
+the diagonal (never loads them) and inside the diagonal block selects rather than multiplies by 0, so
+a non-finite ``q``, ``k`` or ``v`` reaches exactly the rows (and, backward, the gradients) that see it.
+The PyTorch path's autograd backward multiplies a masked pair's zero gradient by ``q`` or ``k``, so
+there an infinite ``q_i`` reaches the ``dk`` of keys after ``i``.
+
+Non-finite logits. A row whose logits are all ``-inf`` (from an infinite ``q`` or ``k``) is
+``exp(-inf - (-inf))``: ``o`` is NaN and ``lse = -inf`` in the kernel and the reference alike, never a
+silent 0. A row with no
+key at all cannot occur here (causal row ``i`` sees key ``i``; ``Tk = 0`` is refused).
 """
 
 from __future__ import annotations
@@ -26,12 +33,12 @@ import math
 import torch
 
 from . import _validate
-from ._backend import choose_backend
+from ._backend import MAX_HEAD_DIM, choose_backend
 from ._numerics import acc_dtype, split_nonfinite
 
 
 def softmax_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
-                                scale: float, causal: bool = False
+                                scale: float, causal: bool
                                 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The definition, in plain PyTorch.  ``q, k: [B, H, T, D]``, ``v: [B, H, T, Dv]``.
 
@@ -84,13 +91,13 @@ class _TritonAttention(torch.autograd.Function):
 
 def _why_not_kernel(D: int, Dv: int) -> str | None:
     """The flash kernel's own condition (the dtype and device rule is common to every op)."""
-    if max(D, Dv) > 256:
-        return f"the flash kernel takes head dims up to 256; got D={D}, Dv={Dv}"
+    if max(D, Dv) > MAX_HEAD_DIM:
+        return f"the flash kernel takes head dims up to {MAX_HEAD_DIM}; got D={D}, Dv={Dv}"
     return None
 
 
 def softmax_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
-                      scale: float | None = None, causal: bool = False, return_lse: bool = False,
+                      scale: float | None = None, causal: bool, return_lse: bool = False,
                       backend: str = "auto", deterministic: bool = True):
     """Scaled dot-product softmax attention.
 
@@ -112,10 +119,9 @@ def softmax_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
     Returns:
         ``o [B, H, Tq, Dv]`` in the inputs' dtype, or ``(o, lse)``.
     """
-    if not isinstance(causal, bool):
-        raise TypeError(f"causal must be a bool; got {type(causal).__name__}")
-    if not isinstance(deterministic, bool):
-        raise TypeError(f"deterministic must be a bool; got {type(deterministic).__name__}")
+    _validate.check_bool("causal", causal)
+    _validate.check_bool("deterministic", deterministic)
+    _validate.check_bool("return_lse", return_lse)
     _validate.check_qkv(q, k, v, same_length=causal)
     D = q.shape[-1]
     scale = 1.0 / math.sqrt(D) if scale is None else _validate.check_positive("scale", scale)

@@ -43,11 +43,11 @@ import math
 import torch
 
 from . import _validate
-from ._backend import choose_backend
+from ._backend import KERNEL_CHUNKS, MAX_HEAD_DIM, choose_backend
 from ._numerics import acc_dtype
 
 MODES = ("parallel", "recurrent", "chunk")
-KERNEL_CHUNK_SIZES = (16, 64)      # the chunked kernels' range (powers of two)
+KERNEL_CHUNK_SIZES = KERNEL_CHUNKS      # the chunk sizes the chunked kernels run
 
 
 # --------------------------------------------------------------------------------------------------
@@ -252,7 +252,7 @@ def _check_gate_values(beta, g):
                              "alpha = exp(g) in (0, 1], so expected g <= 0")
 
 
-def _check_delta_inputs(q, k, v, beta, g, initial_state, *, state_name="initial_state"):
+def _check_delta_inputs(q, k, v, beta, g, initial_state):
     """Shapes, dtypes and devices always; the values of beta and g where that is free (CPU tensors)
     or requested (``ATTNLIB_CHECK_VALUES=1``) -- see :mod:`attnlib._validate`."""
     B, H, Tq, Tk, D, Dv = _validate.check_qkv(q, k, v, same_length=True)
@@ -262,7 +262,7 @@ def _check_delta_inputs(q, k, v, beta, g, initial_state, *, state_name="initial_
     if g is not None:
         _check_gate("g", g, B, H, Tq, q)
     if initial_state is not None:
-        _validate.check_state(state_name, initial_state, q=q, shape=(B, H, Dv, D), layout="(B, H, Dv, D)")
+        _validate.check_state("initial_state", initial_state, q=q, shape=(B, H, Dv, D), layout="(B, H, Dv, D)")
     _check_gate_values(beta, g)
     return B, H, Tq, D, Dv
 
@@ -334,14 +334,13 @@ def delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Te
     if not isinstance(mode, str) or mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}; got {mode!r}")
     chunk_size = _validate.check_chunk_size(chunk_size)
-    if not isinstance(output_final_state, bool):
-        raise TypeError(f"output_final_state must be a bool; got {type(output_final_state).__name__}")
+    _validate.check_bool("output_final_state", output_final_state)
     B, H, T, D, Dv = _check_delta_inputs(q, k, v, beta, g, initial_state)
     scale = 1.0 / math.sqrt(D) if scale is None else _validate.check_positive("scale", scale)
-    lo, hi = KERNEL_CHUNK_SIZES
     why_not = (f"the kernel implements mode='chunk'; got mode={mode!r}" if mode != "chunk"
-               else f"the kernel takes chunk_size in [{lo}, {hi}]; got {chunk_size}" if not lo <= chunk_size <= hi
-               else f"the kernel takes head dims up to 256; got D={D}, Dv={Dv}" if max(D, Dv) > 256
+               else f"the kernel takes chunk_size in {KERNEL_CHUNKS}; got {chunk_size}"
+               if chunk_size not in KERNEL_CHUNKS
+               else f"the kernel takes head dims up to {MAX_HEAD_DIM}; got D={D}, Dv={Dv}" if max(D, Dv) > MAX_HEAD_DIM
                else None)
     which = choose_backend(backend, q, why_not=why_not)
     if which == "triton":
@@ -366,8 +365,8 @@ def delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Te
     return (o, S) if output_final_state else o
 
 
-def delta_rule_decode_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor,
-                           state: torch.Tensor | None = None, *, g: torch.Tensor | None = None,
+def delta_rule_decode_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, *,
+                           g: torch.Tensor | None = None, initial_state: torch.Tensor | None = None,
                            scale: float | None = None):
     """One token of generation, shaped as :func:`delta_rule` with ``T = 1`` (as
     :func:`attnlib.linear_attention_decode_step`).
@@ -375,31 +374,32 @@ def delta_rule_decode_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, be
     Args:
         q, k: ``[B, H, 1, D]`` -- this token's query and key.  v: ``[B, H, 1, Dv]``.
         beta, g: ``[B, H, 1]`` (``g`` None for plain DeltaNet).
-        state: ``[B, H, Dv, D]`` float32 (float64 for float64 inputs), or None for the first token.
+        initial_state: ``[B, H, Dv, D]`` float32 (float64 for float64 inputs), or None for the first
+            token (the state before this token; the step returns the one after it).
         scale: multiplies q; None means ``1 / sqrt(D)``.
 
     Returns ``(o [B, H, 1, Dv] in q's dtype, new_state [B, H, Dv, D])``: the same update as
     :func:`delta_rule` -- ``S = alpha S (I - beta k k^T) + beta v k^T``, ``o = S q`` -- costing
     ``O(D Dv)`` per token whatever the position: the state replaces the KV cache.
     """
-    B, H, T, D, Dv = _check_delta_inputs(q, k, v, beta, g, state, state_name="state")
+    B, H, T, D, Dv = _check_delta_inputs(q, k, v, beta, g, initial_state)
     if T != 1:
         raise ValueError(f"q has shape {tuple(q.shape)}; the decode step takes one token: expected "
                          f"[B, H, 1, D]")
     scale = 1.0 / math.sqrt(D) if scale is None else _validate.check_positive("scale", scale)
-    o, S = delta_rule_recurrent_reference(q, k, v, beta, g, scale=scale, initial_state=state)
+    o, S = delta_rule_recurrent_reference(q, k, v, beta, g, scale=scale, initial_state=initial_state)
     return o.to(q.dtype), S
 
 
 def huber_delta_rule_recurrent(q, k, v, beta, *, delta: float, scale: float, initial_state=None,
-                               return_state: bool = False):
+                               output_final_state: bool = False):
     """A delta rule for the Huber loss, token by token.
 
     One gradient step on ``sum_i huber_delta((S k_t - v_t)_i)`` is ``S += beta_t clip(v_t - S k_t, -delta,
     delta) k_t^T``: errors larger than ``delta`` move the state by at most ``beta delta`` per component,
     so one corrupted value cannot wipe the memory. For ``delta -> inf`` it is the delta rule. The clip
     makes the update nonlinear in ``S``: there is no WY / chunk form, only this loop.
-    Shapes as :func:`delta_rule_recurrent_reference`; returns ``o`` (and ``S_T`` with ``return_state``).
+    Shapes as :func:`delta_rule_recurrent_reference`; returns ``o`` (and ``S_T`` with ``output_final_state``).
     """
     acc = acc_dtype(q.dtype)
     q, k, v, beta = (t.to(acc) for t in (q, k, v, beta))
@@ -413,7 +413,7 @@ def huber_delta_rule_recurrent(q, k, v, beta, *, delta: float, scale: float, ini
         S = S + (b_t * err).unsqueeze(-1) * k_t.unsqueeze(-2)
         o.append((S @ (scale * q[:, :, t]).unsqueeze(-1)).squeeze(-1))
     o = torch.stack(o, dim=2) if T else q.new_zeros(B, H, 0, v.shape[-1])
-    return (o, S) if return_state else o
+    return (o, S) if output_final_state else o
 
 
 def implied_weights(q, k, beta, g=None) -> torch.Tensor:

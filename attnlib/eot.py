@@ -127,8 +127,7 @@ def solve_one_sided(C: torch.Tensor, eps: float, *, method: str = "newton", tol:
         raise ValueError(f"method must be 'newton' or 'mirror'; got {method!r}")
     tol = _validate.check_positive("tol", tol)
     max_iter = _validate.check_int("max_iter", max_iter, lo=1)
-    if not isinstance(return_history, bool):
-        raise TypeError(f"return_history must be a bool; got {type(return_history).__name__}")
+    _validate.check_bool("return_history", return_history)
     Cs, _ = _shifted_cost(C)                                           # min_j c_j = 0 in every row
     history: list[float] = []
 
@@ -168,7 +167,7 @@ def solve_one_sided(C: torch.Tensor, eps: float, *, method: str = "newton", tol:
 
 
 def sinkhorn(C: torch.Tensor, eps: float, a: torch.Tensor | None = None, b: torch.Tensor | None = None,
-             *, n_iter: int = 1000, tol: float = 1e-9, return_potentials: bool = False):
+             *, max_iter: int = 10_000, tol: float = 1e-9, return_potentials: bool = False):
     """Two-sided (balanced) entropic OT by log-domain Sinkhorn -- the Sinkformer's attention.
 
     Finds ``P = exp((f_i + g_j - C_ij) / eps)`` with ``P 1 = a`` and ``P^T 1 = b`` by alternately
@@ -185,9 +184,9 @@ def sinkhorn(C: torch.Tensor, eps: float, a: torch.Tensor | None = None, b: torc
     returned for the unshifted ``C``), iterations in float32 (float64 for float64 costs), the plan
     returned in ``C``'s dtype after its marginals are checked against the last residual.
 
-    Returns ``P`` (or ``(P, f, g, n_iter_run)``). Stops when the row marginal error
+    Returns ``P`` (or ``(P, f, g, n_iter)``, ``n_iter`` the iterations run). Stops when the row marginal error
     ``max_i |P 1 - a|_i <= tol`` (the columns are exact after each ``g``-update), or when that error
-    stops falling (the dtype's rounding floor).
+    stops falling (the dtype's rounding floor), or after ``max_iter`` iterations.
     """
     C = _check_cost(C)
     eps = _validate.check_positive("eps", eps)
@@ -208,14 +207,15 @@ def sinkhorn(C: torch.Tensor, eps: float, a: torch.Tensor | None = None, b: torc
     a, b = a.to(acc), b.to(acc)
     if not torch.allclose(a.sum(-1), b.sum(-1), rtol=1e-6, atol=0):
         raise ValueError(f"a and b must carry the same total mass; got {a.sum(-1)} and {b.sum(-1)}")
-    n_iter = _validate.check_int("n_iter", n_iter, lo=1)
+    max_iter = _validate.check_int("max_iter", max_iter, lo=1)
+    _validate.check_bool("return_potentials", return_potentials)
     tol = _validate.check_positive("tol", tol)
     Cs, row_min = _shifted_cost(C)
     log_a, log_b = a.log(), b.log()
     f = torch.zeros(Cs.shape[:-1], dtype=acc, device=C.device)
     g = torch.zeros(Cs.shape[:-2] + (Nk,), dtype=acc, device=C.device)
     it, errs = 0, []
-    for it in range(1, n_iter + 1):  # noqa: B007 - the count is returned
+    for it in range(1, max_iter + 1):  # noqa: B007 - the count is returned
         f = eps * log_a - eps * torch.logsumexp((g.unsqueeze(-2) - Cs) / eps, dim=-1)
         g = eps * log_b - eps * torch.logsumexp((f.unsqueeze(-1) - Cs) / eps, dim=-2)
         # After the g-update columns are exact; measure the rows, which the next f-update fixes.

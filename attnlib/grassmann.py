@@ -19,7 +19,7 @@ i.e. the entries above the diagonal of ``u w^T - w u^T``. Facts the book uses, e
 
 The layer (Zhang 2025, "Attention Is Not What You Need"; details as the reproductions implement
 them): reduce ``z_t = W_red h_t + b``; for each offset ``delta`` pair ``z_t`` with ``z_{t-delta}``;
-normalise ``p / max(||p||, eps)``; project ``W_plu p + b_plu`` to the model width; average over the
+normalise ``p / max(||p||, norm_floor)``; project ``W_plu p + b_plu`` to the model width; average over the
 offsets that are valid at ``t`` (``t - delta >= 0``); gate ``alpha = sigmoid(W_gate [h_t; g_t])``;
 mix ``alpha h_t + (1 - alpha) g_t``; LayerNorm.
 
@@ -27,24 +27,24 @@ mix ``alpha h_t + (1 - alpha) g_t``; LayerNorm.
 here pairs with ``z_{t-delta}``; ``pairing="paper"`` exists only to demonstrate the leak.
 
 The fused kernel (``kernels/grassmann/``) computes :func:`plucker_projection` -- pairing, products,
-normalisation, the average and the projection -- without storing the ``[B, L, |W|, C(r,2)]`` tensor.
+normalisation, the average and the projection -- without storing the ``[B, T, |W|, C(r,2)]`` tensor.
 It uses that ``p(u, .)`` is linear: the normalised average over offsets is ``p(u, w_hat)`` with
-``w_hat = sum_delta c_delta w_perp_delta``, ``c_delta = 1 / (K_t max(||p_delta||, eps))``, where
+``w_hat = sum_delta c_delta w_perp_delta``, ``c_delta = 1 / (K_t max(||p_delta||, norm_floor))``, where
 ``w_perp = w - (u . w / ||u||^2) u`` is the part of the partner orthogonal to ``u``:
 ``p(u, w) = p(u, w_perp)`` and ``||p|| = ||u|| ||w_perp||`` without cancellation.
 
 **Numerics.** Every path computes in float32 (float64 for float64 inputs) and first rescales each
 token by a power of two (exact) so that its largest entry lies in ``[0.5, 1)``: ``p_hat`` is
-scale-invariant, and only ``eps`` needs the scales (``||p||`` vs ``eps`` becomes ``||p_s||`` vs
-``eps s_u s_w``). So ``|z| ~ 1e10`` in float32 neither overflows nor underflows. A repeated token
+scale-invariant, and only ``norm_floor`` needs the scales (``||p||`` vs ``norm_floor`` becomes ``||p_s||`` vs
+``norm_floor s_u s_w``). So ``|z| ~ 1e10`` in float32 neither overflows nor underflows. A repeated token
 (``z_t = z_{t-delta}``) or a partner that is an exact power-of-two multiple gives ``p = 0`` exactly
 -- a zero row, as the definition does. A nearly parallel pair at angle ``phi`` is ill-conditioned:
 every path (and the definition evaluated in the input's precision) is off by about
-``eps_machine / sin(phi)``. The threshold ``eps s_u s_w`` is floored at the smallest normal number
-of the compute dtype, which it reaches only when ``|z_u| |z_w| > 1e38 eps`` in float32. One case
+``eps_machine / sin(phi)``. The threshold ``norm_floor s_u s_w`` is floored at the smallest normal number
+of the compute dtype, which it reaches only when ``|z_u| |z_w| > 1e38 norm_floor`` in float32. One case
 is left inexact: ``||p_s||^2`` underflows where the rescaled area is below ``~1e-19`` (float32), so a
-pair with ``sin(phi) < ~1e-19`` that is not exactly degenerate, at a scale where ``eps s_u s_w`` is
-smaller still (``|z_u| |z_w| > 1e13 eps``), is treated as degenerate (``p / eps``).
+pair with ``sin(phi) < ~1e-19`` that is not exactly degenerate, at a scale where ``norm_floor s_u s_w`` is
+smaller still (``|z_u| |z_w| > 1e13 norm_floor``), is treated as degenerate (``p / norm_floor``).
 """
 
 from __future__ import annotations
@@ -226,26 +226,26 @@ def _check_offsets(offsets) -> tuple[int, ...]:
 def _check_z(z) -> torch.Tensor:
     _validate.check_tensor("z", z, ndim=3)
     if z.shape[-1] < 2:
-        raise ValueError(f"z has shape {tuple(z.shape)}; expected [B, L, r] with r >= 2")
+        raise ValueError(f"z has shape {tuple(z.shape)}; expected [B, T, r] with r >= 2")
     return z
 
 
-def _check_eps(eps) -> float:
-    return _validate.check_positive("eps", eps)
+def _check_norm_floor(norm_floor) -> float:
+    return _validate.check_positive("norm_floor", norm_floor)
 
 
 def _partner(z: torch.Tensor, delta: int, pairing: str) -> tuple[torch.Tensor, torch.Tensor]:
     """``(z_{t-delta}, valid)`` (or ``z_{t+delta}`` under the paper's pairing), zero where invalid."""
-    L = z.shape[1]
-    shift = min(delta, L)
+    T = z.shape[1]
+    shift = min(delta, T)
     pad = z.new_zeros(z.shape[0], shift, z.shape[2])
-    valid = torch.zeros(L, dtype=torch.bool, device=z.device)
+    valid = torch.zeros(T, dtype=torch.bool, device=z.device)
     if pairing == "causal":                                   # row t holds z_{t-delta}
-        other = torch.cat([pad, z[:, :L - shift]], dim=1)
+        other = torch.cat([pad, z[:, :T - shift]], dim=1)
         valid[shift:] = True
     else:                                                     # row t holds z_{t+delta}: the future
         other = torch.cat([z[:, shift:], pad], dim=1)
-        valid[:L - shift] = True
+        valid[:T - shift] = True
     return other, valid
 
 
@@ -259,10 +259,10 @@ def _unit_scale(z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return z * s[..., None], s
 
 
-def _threshold(eps: float, s_u: torch.Tensor, s_w: torch.Tensor) -> torch.Tensor:
-    """``eps`` in the rescaled units of a pair, ``eps s_u s_w``, floored at the smallest normal number
+def _threshold(norm_floor: float, s_u: torch.Tensor, s_w: torch.Tensor) -> torch.Tensor:
+    """``norm_floor`` in the rescaled units of a pair, ``norm_floor s_u s_w``, floored at the smallest normal number
     so that it is never 0 (a zero pair then gives ``0 / floor = 0``, not ``0 / 0``)."""
-    return (eps * s_u * s_w).clamp_min(torch.finfo(s_u.dtype).tiny)
+    return (norm_floor * s_u * s_w).clamp_min(torch.finfo(s_u.dtype).tiny)
 
 
 def _safe_norm(n2: torch.Tensor, floor: torch.Tensor) -> torch.Tensor:
@@ -271,79 +271,79 @@ def _safe_norm(n2: torch.Tensor, floor: torch.Tensor) -> torch.Tensor:
     return torch.where(big, torch.where(big, n2, torch.ones_like(n2)).sqrt(), floor)
 
 
-def plucker_features(z: torch.Tensor, offsets: Sequence[int] = DEFAULT_OFFSETS, *, eps: float = 1e-6,
+def plucker_features(z: torch.Tensor, offsets: Sequence[int] = DEFAULT_OFFSETS, *, norm_floor: float = 1e-6,
                      pairing: str = "causal", backend: str = "auto") -> torch.Tensor:
     """Normalised Plücker coordinates of ``span(z_t, z_{t-delta})`` for each offset.
 
-        p_hat[b, t, k] = p(z_t, z_{t-delta_k}) / max(||p||, eps),   zero where t - delta_k < 0.
+        p_hat[b, t, k] = p(z_t, z_{t-delta_k}) / max(||p||, norm_floor),   zero where t - delta_k < 0.
 
-    A zero or repeated vector gives ``p = 0`` and so a zero row (no NaN). Offsets ``>= L`` are valid
+    A zero or repeated vector gives ``p = 0`` and so a zero row (no NaN). Offsets ``>= T`` are valid
     arguments: they pair nothing and their rows are all zero.
 
     Args:
-        z: ``[B, L, r]``, ``r >= 2``.  offsets: distinct positive ints.  eps: > 0.
+        z: ``[B, T, r]``, ``r >= 2``.  offsets: distinct positive ints.  norm_floor: > 0.
         pairing: ``"causal"`` (``z_{t-delta}``, the default and the only causal choice) or
             ``"paper"`` (``z_{t+delta}`` as printed in the paper: reads the future; for the
             demonstration of the leak only).
         backend: ``"auto"``/``"torch"`` -- the reference. This function *returns* the
-            ``[B, L, |W|, C(r,2)]`` tensor that the fused kernel exists to avoid storing, so it has no
+            ``[B, T, |W|, C(r,2)]`` tensor that the fused kernel exists to avoid storing, so it has no
             kernel: the kernel is :func:`plucker_projection`'s, and ``"triton"`` here is an error.
 
-    Returns: ``[B, L, len(offsets), r (r - 1) / 2]`` in ``z``'s dtype (computed in float32/64).
+    Returns: ``[B, T, len(offsets), r (r - 1) / 2]`` in ``z``'s dtype (computed in float32/64).
     """
     _check_z(z)
     offsets = _check_offsets(offsets)
-    eps = _check_eps(eps)
+    norm_floor = _check_norm_floor(norm_floor)
     if pairing not in PAIRINGS:
         raise ValueError(f"pairing must be one of {PAIRINGS}; got {pairing!r}")
-    choose_backend(backend, z, why_not="plucker_features returns the unprojected [B, L, |W|, C(r,2)] "
+    choose_backend(backend, z, why_not="plucker_features returns the unprojected [B, T, |W|, C(r,2)] "
                    "tensor, which only the reference builds; the fused kernel is plucker_projection's")
     zs, s = _unit_scale(z.to(acc_dtype(z.dtype)))
     feats = []
     for delta in offsets:
         other, valid = _partner(zs, delta, pairing)
         s_other = _partner(s[..., None], delta, pairing)[0][..., 0]
-        p = plucker(zs, other)                                   # [B, L, C], = s_t s_{t-delta} p(z_t, z_{t-delta})
-        # p / max(||p||, eps) in the rescaled units; the norm's gradient is 0 where p = 0
-        p = p / torch.maximum(p.norm(dim=-1), _threshold(eps, s, s_other))[..., None]
+        p = plucker(zs, other)                                   # [B, T, C], = s_t s_{t-delta} p(z_t, z_{t-delta})
+        # p / max(||p||, norm_floor) in the rescaled units; the norm's gradient is 0 where p = 0
+        p = p / torch.maximum(p.norm(dim=-1), _threshold(norm_floor, s, s_other))[..., None]
         feats.append(torch.where(valid[None, :, None], p, 0.0))      # not p * valid: NaN * 0 is NaN
     return torch.stack(feats, dim=2).to(z.dtype)
 
 
-def valid_counts(L: int, offsets: Sequence[int], *, pairing: str = "causal", device=None) -> torch.Tensor:
-    """``K_t``: how many offsets pair position ``t`` with a token inside the sequence. ``[L]`` long."""
-    t = torch.arange(L, device=device)
+def valid_counts(T: int, offsets: Sequence[int], *, pairing: str = "causal", device=None) -> torch.Tensor:
+    """``K_t``: how many offsets pair position ``t`` with a token inside the sequence. ``[T]`` long."""
+    t = torch.arange(T, device=device)
     offs = torch.tensor(offsets, device=device)
-    ok = (t[:, None] - offs[None, :] >= 0) if pairing == "causal" else (t[:, None] + offs[None, :] < L)
+    ok = (t[:, None] - offs[None, :] >= 0) if pairing == "causal" else (t[:, None] + offs[None, :] < T)
     return ok.sum(1)
 
 
 def plucker_projection_reference(z: torch.Tensor, weight: torch.Tensor, offsets: Sequence[int], *,
-                                 eps: float = 1e-6, pairing: str = "causal") -> torch.Tensor:
+                                 norm_floor: float = 1e-6, pairing: str = "causal") -> torch.Tensor:
     """The definition: ``g_t = W mean_{valid delta} p_hat(z_t, z_{t-delta})`` (no bias).
 
-    ``z: [B, L, r]``, ``weight: [d, C(r,2)]`` -> ``g: [B, L, d]``; ``g_t = 0`` where no offset is valid.
-    Builds the ``[B, L, |W|, C]`` tensor: this is the form that reads like the equation.
+    ``z: [B, T, r]``, ``weight: [d, C(r,2)]`` -> ``g: [B, T, d]``; ``g_t = 0`` where no offset is valid.
+    Builds the ``[B, T, |W|, C]`` tensor: this is the form that reads like the equation.
     """
-    feats = plucker_features(z, offsets, eps=eps, pairing=pairing, backend="torch")
+    feats = plucker_features(z, offsets, norm_floor=norm_floor, pairing=pairing, backend="torch")
     K = valid_counts(z.shape[1], offsets, pairing=pairing, device=z.device).clamp_min(1)
-    mean = feats.sum(2) / K[None, :, None].to(feats.dtype)                  # [B, L, C]
+    mean = feats.sum(2) / K[None, :, None].to(feats.dtype)                  # [B, T, C]
     return mean @ weight.to(mean.dtype).T
 
 
 def plucker_projection_collapsed(z: torch.Tensor, weight: torch.Tensor, offsets: Sequence[int], *,
-                                 eps: float = 1e-6, pairing: str = "causal") -> torch.Tensor:
+                                 norm_floor: float = 1e-6, pairing: str = "causal") -> torch.Tensor:
     """The same ``g`` as :func:`plucker_projection_reference`, in the kernel's order: ``p(u, .)`` is
     linear and ``p(u, w) = p(u, w_perp)``, so the average of the offsets' normalised coordinates is one
     Plücker vector,
 
         mean_delta p(z_t, z_{t-delta}) / n_delta = p(z_t, w_hat_t),
-        w_hat_t = sum_delta valid / (K_t max(n_delta, eps)) w_perp_delta,
+        w_hat_t = sum_delta valid / (K_t max(n_delta, norm_floor)) w_perp_delta,
         w_perp_delta = z_{t-delta} - (z_t . z_{t-delta} / ||z_t||^2) z_t,   n_delta = ||z_t|| ||w_perp_delta||,
 
-    and one projection follows. Never builds ``[B, L, |W|, C]``: ``O(L (|W| r + C d))`` work. Summing
+    and one projection follows. Never builds ``[B, T, |W|, C]``: ``O(T (|W| r + C d))`` work. Summing
     the orthogonal parts (not the partners themselves) keeps every term's size at most
-    ``1 / (K_t ||z_t||)``: a degenerate pair's ``1 / eps`` coefficient multiplies a vector that is
+    ``1 / (K_t ||z_t||)``: a degenerate pair's ``1 / norm_floor`` coefficient multiplies a vector that is
     (near) zero instead of one parallel to ``z_t``, whose cancellation in ``p(z_t, .)`` would be lost
     to rounding. Tokens are rescaled first (see the module's notes on numerics).
     """
@@ -357,7 +357,7 @@ def plucker_projection_collapsed(z: torch.Tensor, weight: torch.Tensor, offsets:
         w, valid = _partner(u, delta, pairing)
         s_w = _partner(s[..., None], delta, pairing)[0][..., 0]
         _, v = _orthogonal_part(u, w, uu)
-        n = _safe_norm(uu * v.square().sum(-1), _threshold(eps, s, s_w))     # max(||p||, eps), rescaled
+        n = _safe_norm(uu * v.square().sum(-1), _threshold(norm_floor, s, s_w))     # max(||p||, norm_floor), rescaled
         # an invalid offset adds exactly 0, even when z_t is not finite (a product with 0 would not)
         w_hat = w_hat + torch.where(valid[None, :, None], v / (K[None, :] * n)[..., None], 0.0)
     # g_t = 0 where no offset is valid, even when z_t is not finite (p(z_t, 0) would be NaN then)
@@ -373,6 +373,34 @@ def antisymmetric_weight(weight: torch.Tensor, r: int) -> torch.Tensor:
     return wa
 
 
+# ---------------------------------------------------------------------------------------------
+# Triton path: the fused forward and backward kernels (kernels/grassmann/plucker_fused.py)
+# ---------------------------------------------------------------------------------------------
+
+class _TritonGrassmann(torch.autograd.Function):
+    """``g [B, T, d]`` for ``z [B, T, r]`` and the antisymmetric weight ``wa [r, r, d]``, differentiable in
+    both. The tokens are rescaled here, not in the kernels' package, so that the one scaling rule
+    (:func:`_unit_scale`) serves the references and the kernels alike; the rescaled tokens, their scales
+    and the kernel's ``w_hat`` are saved for the backward pass."""
+
+    @staticmethod
+    def forward(ctx, z, wa, offsets, norm_floor):
+        from .kernels.grassmann import plucker_fused_forward
+        zs, s = _unit_scale(z.detach().float())
+        zs, s = zs.contiguous(), s.contiguous()
+        g, what = plucker_fused_forward(zs, s, wa, offsets, norm_floor, z.dtype)
+        ctx.save_for_backward(zs, s, wa, offsets, what)
+        ctx.norm_floor, ctx.z_dtype = norm_floor, z.dtype
+        return g
+
+    @staticmethod
+    def backward(ctx, dg):
+        from .kernels.grassmann import plucker_fused_backward
+        zs, s, wa, offsets, what = ctx.saved_tensors
+        dz, dwa = plucker_fused_backward(zs, s, wa, offsets, ctx.norm_floor, what, dg.to(ctx.z_dtype))
+        return dz.to(ctx.z_dtype), dwa.to(wa.dtype), None, None
+
+
 def _why_not_kernel(z: torch.Tensor, weight: torch.Tensor, pairing: str) -> str | None:
     if pairing != "causal":
         return "the kernel implements the causal pairing z_{t-delta} only"
@@ -384,30 +412,31 @@ def _why_not_kernel(z: torch.Tensor, weight: torch.Tensor, pairing: str) -> str 
 
 
 def plucker_projection(z: torch.Tensor, weight: torch.Tensor, offsets: Sequence[int] = DEFAULT_OFFSETS, *,
-                       eps: float = 1e-6, pairing: str = "causal", mode: str = "features",
+                       norm_floor: float = 1e-6, pairing: str = "causal", mode: str = "collapsed",
                        backend: str = "auto") -> torch.Tensor:
     """The Grassmann layer's mixing signal before its bias: the average over valid offsets of the
     projected, normalised Plücker coordinates,
 
-        g_t = (1 / K_t) sum_{delta: t - delta >= 0}  W p(z_t, z_{t-delta}) / max(||p||, eps),
+        g_t = (1 / K_t) sum_{delta: t - delta >= 0}  W p(z_t, z_{t-delta}) / max(||p||, norm_floor),
 
     ``g_t = 0`` where no offset is valid (``K_t = 0``, e.g. ``t = 0``).
 
     Args:
-        z: ``[B, L, r]`` (2 <= r).  weight: ``[d, C(r,2)]``, same dtype and device.
-        offsets: distinct positive ints (any size; offsets ``>= L`` contribute nothing).
-        eps: > 0.  pairing: ``"causal"`` or ``"paper"`` (reference only).
-        mode: which PyTorch reference runs when the kernel does not: ``"features"`` (the equation:
-            builds every offset's coordinates) or ``"collapsed"`` (the kernel's algorithm, one
-            Plücker vector per token; same answer, ``|W|`` times less memory).
+        z: ``[B, T, r]`` (2 <= r).  weight: ``[d, C(r,2)]``, same dtype and device.
+        offsets: distinct positive ints (any size; offsets ``>= T`` contribute nothing).
+        norm_floor: > 0.  pairing: ``"causal"`` or ``"paper"`` (reference only).
+        mode: which PyTorch reference runs when the kernel does not: ``"collapsed"`` (the default, as
+            :class:`CausalGrassmannMixing`'s: the kernel's algorithm, one Plücker vector per token) or
+            ``"features"`` (the equation: builds every offset's coordinates; same answer, ``|W|`` times
+            the memory).
         backend: ``"auto"`` (the fused Triton kernel on CUDA when it applies: causal pairing,
             r <= 64, d <= 4096; the reference otherwise), ``"torch"``, ``"triton"``.
 
-    Returns: ``[B, L, d]`` in ``z``'s dtype.
+    Returns: ``[B, T, d]`` in ``z``'s dtype.
     """
     _check_z(z)
     offsets = _check_offsets(offsets)
-    eps = _check_eps(eps)
+    norm_floor = _check_norm_floor(norm_floor)
     if pairing not in PAIRINGS:
         raise ValueError(f"pairing must be one of {PAIRINGS}; got {pairing!r}")
     if mode not in MODES:
@@ -418,10 +447,10 @@ def plucker_projection(z: torch.Tensor, weight: torch.Tensor, offsets: Sequence[
     if weight.shape[1] != n_pairs(r):
         raise ValueError(f"weight has shape {tuple(weight.shape)}; expected [d, C({r}, 2) = {n_pairs(r)}]")
     if choose_backend(backend, z, why_not=_why_not_kernel(z, weight, pairing)) == "triton":
-        from .kernels.grassmann import fused_plucker_projection
-        return fused_plucker_projection(z, antisymmetric_weight(weight, r), offsets, eps)
+        offs = torch.tensor(offsets, dtype=torch.int32, device=z.device)
+        return _TritonGrassmann.apply(z.contiguous(), antisymmetric_weight(weight, r).contiguous(), offs, norm_floor)
     ref = plucker_projection_collapsed if mode == "collapsed" else plucker_projection_reference
-    return ref(z, weight, offsets, eps=eps, pairing=pairing).to(z.dtype)
+    return ref(z, weight, offsets, norm_floor=norm_floor, pairing=pairing).to(z.dtype)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -435,7 +464,7 @@ def receptive_field(offsets: Sequence[int], depth: int) -> int:
 
 
 class CausalGrassmannMixing(nn.Module):
-    """The causal Grassmann mixing layer, ``[B, L, d_model] -> [B, L, d_model]``.
+    """The causal Grassmann mixing layer, ``[B, T, d_model] -> [B, T, d_model]``.
 
     ``norm="post"`` (as published):
 
@@ -447,13 +476,13 @@ class CausalGrassmannMixing(nn.Module):
     ``out = h + alpha x + (1 - alpha) g`` -- the gated mix enters a plain residual stream.
 
     Args: d_model >= 1; reduced_dim r >= 2 (``C(r,2)`` coordinates); offsets: distinct positive
-    ints; eps > 0; pairing ``"causal"`` (or ``"paper"``: reads the future, for demonstrations);
+    ints; norm_floor > 0; pairing ``"causal"`` (or ``"paper"``: reads the future, for demonstrations);
     mode and backend for :func:`plucker_projection` (the default ``"collapsed"`` reference is the
-    kernel's algorithm in PyTorch: same output, no ``[B, L, |W|, C]`` tensor).
+    kernel's algorithm in PyTorch: same output, no ``[B, T, |W|, C]`` tensor).
     """
 
     def __init__(self, d_model: int, reduced_dim: int = 32, offsets: Sequence[int] = DEFAULT_OFFSETS,
-                 norm: str = "post", *, eps: float = 1e-6, pairing: str = "causal", mode: str = "collapsed",
+                 norm: str = "post", *, norm_floor: float = 1e-6, pairing: str = "causal", mode: str = "collapsed",
                  backend: str = "auto"):
         super().__init__()
         d_model = _validate.check_int("d_model", d_model, lo=1)
@@ -465,7 +494,8 @@ class CausalGrassmannMixing(nn.Module):
         self.d_model, self.reduced_dim, self.norm_kind = d_model, reduced_dim, norm
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}; got {mode!r}")
-        self.offsets, self.eps, self.pairing, self.backend = _check_offsets(offsets), _check_eps(eps), pairing, backend
+        self.offsets, self.pairing, self.backend = _check_offsets(offsets), pairing, backend
+        self.norm_floor = _check_norm_floor(norm_floor)
         self.mode = mode
         self.reduce = nn.Linear(d_model, reduced_dim)
         self.plu = nn.Linear(n_pairs(reduced_dim), d_model)
@@ -473,9 +503,9 @@ class CausalGrassmannMixing(nn.Module):
         self.norm = nn.LayerNorm(d_model)
 
     def mixing_signal(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(z [B, L, r], g [B, L, d])`` for the layer's input ``x``."""
+        """``(z [B, T, r], g [B, T, d])`` for the layer's input ``x``."""
         z = self.reduce(x)
-        g = plucker_projection(z, self.plu.weight, self.offsets, eps=self.eps, pairing=self.pairing,
+        g = plucker_projection(z, self.plu.weight, self.offsets, norm_floor=self.norm_floor, pairing=self.pairing,
                                mode=self.mode, backend=self.backend)
         K = valid_counts(x.shape[1], self.offsets, pairing=self.pairing, device=x.device)
         g = g + self.plu.bias * (K > 0)[:, None].to(g.dtype)
@@ -487,7 +517,7 @@ class CausalGrassmannMixing(nn.Module):
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         _validate.check_tensor("h", h, ndim=3)
         if h.shape[-1] != self.d_model:
-            raise ValueError(f"h has shape {tuple(h.shape)}; expected [B, L, d_model={self.d_model}]")
+            raise ValueError(f"h has shape {tuple(h.shape)}; expected [B, T, d_model={self.d_model}]")
         param = self.reduce.weight
         if h.dtype != param.dtype:
             raise TypeError(f"h has dtype {str(h.dtype).replace('torch.', '')}; expected "

@@ -48,11 +48,11 @@ import torch
 import torch.nn.functional as F
 
 from . import _validate
-from ._backend import KERNEL_DTYPES, choose_backend
+from ._backend import KERNEL_CHUNKS, KERNEL_DTYPES, MAX_HEAD_DIM, choose_backend
 from ._numerics import acc_dtype, split_nonfinite
 
 MODES = ("parallel", "recurrent", "chunk")
-KERNEL_CHUNK_SIZES = (16, 64)      # the chunked kernels' range (powers of two)
+KERNEL_CHUNK_SIZES = KERNEL_CHUNKS      # the chunk sizes the chunked kernels run
 FEATURE_MAPS = ("identity", "elu1", "relu", "favor+")
 NORMALIZE_EPS = 1e-6
 
@@ -147,27 +147,27 @@ def resolve_feature_map(feature_map, dim: int, feature_kwargs: dict | None = Non
 
 # ---------------------------------------------------------------------------------------------
 # The three references. Inputs are already mapped (phi(q), phi(k)), scaled, and in the
-# accumulation dtype; ``S0`` is ``[B, H, Dv, D]`` or None. Each returns ``(o, S_T)``.
+# accumulation dtype; ``initial_state`` (``S_0``) is ``[B, H, Dv, D]`` or None. Each returns ``(o, S_T)``.
 # ---------------------------------------------------------------------------------------------
 
-def linear_attention_parallel_reference(q, k, v, S0=None, *, causal: bool = True):
-    """``O = (Q K^T . M) V + Q S0^T``,  ``S_T = S0 + V^T K``.  O(T^2 D): the quadratic form."""
+def linear_attention_parallel_reference(q, k, v, *, initial_state=None, causal: bool):
+    """``O = (Q K^T . M) V + Q S_0^T``,  ``S_T = S_0 + V^T K``.  O(T^2 D): the quadratic form."""
     a = q @ k.transpose(-1, -2)                               # [B, H, T, T] scores, no softmax
     o = (a.tril() if causal else a) @ v                     # M: keep j <= t
     S = v.transpose(-1, -2) @ k                               # sum_j v_j k_j^T  [B, H, Dv, D]
-    if S0 is not None:
-        o = o + q @ S0.transpose(-1, -2)
-        S = S0 + S
+    if initial_state is not None:
+        o = o + q @ initial_state.transpose(-1, -2)
+        S = initial_state + S
     return o, S
 
 
-def linear_attention_recurrent_reference(q, k, v, S0=None, *, causal: bool = True):
+def linear_attention_recurrent_reference(q, k, v, *, initial_state=None, causal: bool):
     """``S_t = S_{t-1} + v_t k_t^T``, ``o_t = S_t q_t``: the RNN. O(T D^2), one token at a time.
 
     Non-causal: every query reads the final state, ``o_t = S_T q_t``.
     """
     B, H, T, D = q.shape
-    S = q.new_zeros(B, H, v.shape[-1], D) if S0 is None else S0
+    S = q.new_zeros(B, H, v.shape[-1], D) if initial_state is None else initial_state
     outs = []
     for t in range(T):
         S = S + v[:, :, t, :, None] * k[:, :, t, None, :]     # outer product v_t k_t^T
@@ -178,7 +178,7 @@ def linear_attention_recurrent_reference(q, k, v, S0=None, *, causal: bool = Tru
     return o, S
 
 
-def linear_attention_chunk_reference(q, k, v, S0=None, *, causal: bool = True, chunk_size: int = 64):
+def linear_attention_chunk_reference(q, k, v, *, initial_state=None, causal: bool, chunk_size: int = 64):
     """Chunkwise: for each chunk ``c`` of ``C`` rows, ``O_c = (Q_c K_c^T . M) V_c + Q_c S_{c-1}^T``
     (this chunk by the quadratic form, earlier chunks through the state), then
     ``S_c = S_{c-1} + V_c^T K_c``. Cost ``O(T C D + T D^2)``; memory: one state.
@@ -186,7 +186,7 @@ def linear_attention_chunk_reference(q, k, v, S0=None, *, causal: bool = True, c
     Any ``T``: the last chunk is simply shorter. Non-causal: ``O = Q (S_0 + V^T K)^T``.
     """
     B, H, T, D = q.shape
-    S = q.new_zeros(B, H, v.shape[-1], D) if S0 is None else S0
+    S = q.new_zeros(B, H, v.shape[-1], D) if initial_state is None else initial_state
     if not causal:                                            # no mask: the bracket moves freely
         S = S + v.transpose(-1, -2) @ k
         return q @ S.transpose(-1, -2), S
@@ -210,15 +210,15 @@ _REFERENCES = {"parallel": linear_attention_parallel_reference, "recurrent": lin
 
 class _TritonLinear(torch.autograd.Function):
     """Forward and backward by the chunked kernels. The backward recomputes the per-chunk states
-    from ``q, k, v, S0`` (nothing but the inputs is saved) and returns a gradient for exactly the
+    from ``q, k, v, S_0`` (nothing but the inputs is saved) and returns a gradient for exactly the
     inputs that require one."""
 
     @staticmethod
-    def forward(ctx, q, k, v, S0, scale, causal, chunk_size, out_dtype, output_final_state):
+    def forward(ctx, q, k, v, initial_state, scale, causal, chunk_size, out_dtype, output_final_state):
         from .kernels.linear import linear_chunk_forward
-        o, S = linear_chunk_forward(q, k, v, S0, scale=scale, causal=causal, chunk_size=chunk_size,
+        o, S = linear_chunk_forward(q, k, v, initial_state, scale=scale, causal=causal, chunk_size=chunk_size,
                                     out_dtype=out_dtype, output_final_state=output_final_state)
-        ctx.save_for_backward(q, k, v, S0)
+        ctx.save_for_backward(q, k, v, initial_state)
         ctx.scale, ctx.causal, ctx.chunk_size = scale, causal, chunk_size
         ctx.set_materialize_grads(False)        # an unused output's gradient: None, not a zero-filled tensor
         return o, S
@@ -226,16 +226,17 @@ class _TritonLinear(torch.autograd.Function):
     @staticmethod
     def backward(ctx, do, dS):
         from .kernels.linear import linear_chunk_backward
-        q, k, v, S0 = ctx.saved_tensors
+        q, k, v, initial_state = ctx.saved_tensors
         need = ctx.needs_input_grad
         if not any(need[:4]):
             return (None,) * 9
         if do is None:                          # a loss on the final state alone
             do = q.new_zeros(*q.shape[:-1], v.shape[-1])
-        dq, dk, dv, dS0 = linear_chunk_backward(q, k, v, S0, do, dS, scale=ctx.scale, causal=ctx.causal,
+        dq, dk, dv, d_initial_state = linear_chunk_backward(q, k, v, initial_state, do, dS, scale=ctx.scale,
+                                                            causal=ctx.causal,
                                                 chunk_size=ctx.chunk_size, need_state_grad=need[3])
         grads = [g.to(t.dtype) if n else None for g, t, n in zip((dq, dk, dv), (q, k, v), need[:3])]
-        return (*grads, dS0.to(S0.dtype) if need[3] else None, None, None, None, None, None)
+        return (*grads, d_initial_state.to(initial_state.dtype) if need[3] else None, None, None, None, None, None)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -288,7 +289,7 @@ def _split_normaliser(o_aug, normalize, eps=NORMALIZE_EPS):
 
 def linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
                      scale: float | None = None, feature_map=None, feature_kwargs: dict | None = None,
-                     causal: bool = True, normalize: bool = False, mode: str = "chunk",
+                     causal: bool, normalize: bool = False, mode: str = "chunk",
                      chunk_size: int = 64, initial_state: torch.Tensor | None = None,
                      output_final_state: bool = False, backend: str = "auto"):
     """Linear attention, ``o_t = S_t phi(scale q_t)`` with ``S_t = S_0 + sum_{j<=t} v_j phi(k_j)^T``.
@@ -315,18 +316,30 @@ def linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
 
     Returns:
         ``o [B, H, T, Dv]`` in ``q``'s dtype, or ``(o, S_T)``.
+
+    Precision of the Triton kernel (``kernels/common/precision.py``), as relative RMS error of the output
+    and of every gradient against the float64 computation on the same inputs: float32, exact float32
+    products (measured 2e-7); float16 and bfloat16, below 1e-2 (measured 6e-3 for both at T = 1024,
+    D = 64, chunk 64: ``tests/test_linear_half_precision.py``). Half inputs share one bound because the
+    products with the state and the score tile take bfloat16 operands for both -- a float16 state
+    overflows past 65504 on long sequences -- so float16 inputs get bfloat16's 8-bit significand there,
+    not float16's 11. ``S_T`` is accumulated in float32 registers in every case.
+
+    Non-finite inputs reach exactly what the recurrence lets them reach, in the kernel as in the
+    references: with ``causal``, a NaN or inf in row ``t`` of ``k`` or ``v`` makes the outputs from ``t`` on
+    non-finite (only their column ``c`` for one in ``v[..., t, c]``) and none before ``t``; one in ``q``
+    only row ``t``.
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}; got {mode!r}")
     for name, flag in (("causal", causal), ("normalize", normalize),
                        ("output_final_state", output_final_state)):
-        if not isinstance(flag, bool):
-            raise TypeError(f"{name} must be a bool; got {type(flag).__name__}")
+        _validate.check_bool(name, flag)
     chunk_size = _validate.check_chunk_size(chunk_size)
     scale, phi = _check_inputs(q, k, v, scale, feature_map, feature_kwargs)
-    lo, hi = KERNEL_CHUNK_SIZES
     why_not = (f"the kernel implements mode='chunk'; got mode={mode!r}" if mode != "chunk"
-               else f"the kernel takes chunk_size in [{lo}, {hi}]; got {chunk_size}" if not lo <= chunk_size <= hi
+               else f"the kernel takes chunk_size in {KERNEL_CHUNKS}; got {chunk_size}"
+               if chunk_size not in KERNEL_CHUNKS
                else None)
     # The kernel scales q itself: with the identity map, q and k go to it untouched.
     identity_to_kernel = phi is None and backend != "torch" and q.dtype in KERNEL_DTYPES
@@ -334,8 +347,9 @@ def linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
         qf, kf, Dphi = q, k, q.shape[-1]
     else:
         qf, kf, Dphi = _map(q, k, scale, phi)
-    if why_not is None and max(Dphi, v.shape[-1] + normalize) > 256:
-        why_not = f"the kernel takes feature and value dims up to 256; got {Dphi} and {v.shape[-1] + normalize}"
+    if why_not is None and max(Dphi, v.shape[-1] + normalize) > MAX_HEAD_DIM:
+        why_not = (f"the kernel takes feature and value dims up to {MAX_HEAD_DIM}; got {Dphi} and "
+                   f"{v.shape[-1] + normalize}")
     if initial_state is not None:
         _check_state("initial_state", initial_state, q, v, Dphi, normalize)
     which = choose_backend(backend, q, why_not=why_not)
@@ -354,7 +368,7 @@ def linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
         v_in, poison = _augment(v.to(acc), normalize), None
         if causal:              # the chunk mask multiplies, and 0 * NaN is NaN: the references get finite v
             v_in, poison = split_nonfinite(v_in)
-        o, S = _REFERENCES[mode](qf, kf, v_in, initial_state,
+        o, S = _REFERENCES[mode](qf, kf, v_in, initial_state=initial_state,
                                  causal=causal, **({"chunk_size": chunk_size} if mode == "chunk" else {}))
         if poison is not None and poison.shape[-2]:
             o = o + poison                                     # NaN where a row met a non-finite value
@@ -367,8 +381,8 @@ def linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
     return (o, S) if output_final_state else o
 
 
-def linear_attention_decode_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                                 state: torch.Tensor | None = None, *, scale: float | None = None,
+def linear_attention_decode_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
+                                 initial_state: torch.Tensor | None = None, scale: float | None = None,
                                  feature_map=None, feature_kwargs: dict | None = None,
                                  normalize: bool = False):
     """One generated token: ``S <- S + v phi(k)^T``, ``o = S phi(scale q)``. O(Dv D), whatever t is.
@@ -377,14 +391,13 @@ def linear_attention_decode_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
 
     Args:
         q, k: ``[B, H, 1, D]`` -- this token's query and key.  v: ``[B, H, 1, Dv]``.
-        state: ``[B, H, Dv (+1 if normalize), D']`` float32 (float64 for float64 inputs), or
+        initial_state: ``[B, H, Dv (+1 if normalize), D']`` float32 (float64 for float64 inputs), or
             ``None`` for the first token. Same meaning as ``linear_attention``'s states.
 
     Returns:
         ``(o [B, H, 1, Dv] in q's dtype, new_state)``.
     """
-    if not isinstance(normalize, bool):
-        raise TypeError(f"normalize must be a bool; got {type(normalize).__name__}")
+    _validate.check_bool("normalize", normalize)
     scale, phi = _check_inputs(q, k, v, scale, feature_map, feature_kwargs)
     if q.shape[2] != 1:
         raise ValueError(f"q has shape {tuple(q.shape)}; the decode step takes one token: "
@@ -392,13 +405,14 @@ def linear_attention_decode_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     qf, kf, Dphi = _map(q, k, scale, phi)
     acc = acc_dtype(q.dtype)
     vf = _augment(v.to(acc), normalize)
-    if state is None:
-        state = qf.new_zeros(q.shape[0], q.shape[1], vf.shape[-1], Dphi)
+    if initial_state is None:
+        S = qf.new_zeros(q.shape[0], q.shape[1], vf.shape[-1], Dphi)
     else:
-        _check_state("state", state, q, v, Dphi, normalize)
-    state = state + vf.transpose(-1, -2) @ kf                 # S + v_t k_t^T  ([Dv,1] @ [1,D])
-    o = qf @ state.transpose(-1, -2)                          # (S q_t)^T
-    return _split_normaliser(o, normalize).to(q.dtype), state
+        _check_state("initial_state", initial_state, q, v, Dphi, normalize)
+        S = initial_state
+    S = S + vf.transpose(-1, -2) @ kf                         # S + v_t k_t^T  ([Dv,1] @ [1,D])
+    o = qf @ S.transpose(-1, -2)                              # (S q_t)^T
+    return _split_normaliser(o, normalize).to(q.dtype), S
 
 
 __all__ = ["linear_attention", "linear_attention_decode_step", "linear_attention_parallel_reference",

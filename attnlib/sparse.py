@@ -10,14 +10,17 @@ the exact softmax *restricted to* ``S_i``: every score in ``S_i`` is computed, n
 Chapter 2 plants its needle outside ``S_i``.
 
 Empty rows. A query whose ``S_i`` is empty gets ``o_i = 0`` and ``lse_i = -inf`` (the log of an empty
-sum), in the reference and in the kernel alike -- never NaN.
+sum), in the reference and in the kernel alike -- never NaN. A query whose ``S_i`` is not empty but
+whose scores there are all ``-inf`` (an infinite input) is not empty: ``o_i`` is NaN (``exp(-inf - (-inf))``)
+and ``lse_i = -inf``, on both backends, so that a non-finite input never comes out as a 0.
 
-Masked positions. In the reference a key outside ``S_i`` contributes exactly nothing to row ``i``, even
-when ``k`` or ``v`` hold NaN or inf there: the scores are masked with ``masked_fill`` and ``P V`` with
-:func:`attnlib._numerics.masked_matmul`, never multiplied by a 0 mask. The kernel never loads a block
-that ``block_mask`` does not visit, but multiplies within a visited block, so there a non-finite *value*
-at a masked position can reach the rows of its query block -- with ``causal=True`` also from a visited
-key block above the diagonal (give a causal mask, ``block_mask.tril()``, or pad with zeros).
+Masked positions. A key outside ``S_i`` contributes exactly nothing to row ``i``, even when ``k`` or
+``v`` hold NaN or inf there. In the reference the scores are masked with ``masked_fill`` and ``P V``
+with :func:`attnlib._numerics.masked_matmul`, never multiplied by a 0 mask (its autograd backward,
+though, multiplies a masked pair's zero gradient by ``q`` or ``k``: an infinite ``q_i`` reaches the
+``dk`` of keys row ``i`` does not see). The kernel never loads a block that ``block_mask`` does not
+visit, and inside a visited block that the causal diagonal cuts it selects (``tl.where``) rather than
+multiplies by 0, forward and backward (``attnlib/kernels/common/online_softmax.py``).
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import math
 import torch
 
 from . import _validate
-from ._backend import choose_backend
+from ._backend import MAX_HEAD_DIM, choose_backend
 from ._numerics import acc_dtype, masked_matmul
 
 
@@ -58,7 +61,7 @@ def _check_block_mask(block_mask, *, H: int, Tq: int, Tk: int, block_size: int, 
 
 def block_sparse_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                                      block_mask: torch.Tensor, *, block_size: int, scale: float,
-                                     causal: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                                     causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """The definition, in plain PyTorch (it builds the ``[T, T]`` scores: a reference, not a fast path).
 
     Computes in float32 (float64 for float64 inputs). Returns ``(o [B, H, Tq, Dv] in q's dtype,
@@ -72,7 +75,9 @@ def block_sparse_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.
     s = scale * (q.to(acc) @ k.to(acc).transpose(-1, -2))                      # [B, H, Tq, Tk]
     s = s.masked_fill(~keep, float("-inf"))
     lse = torch.logsumexp(s, dim=-1)                                           # -inf on empty rows
-    lse_safe = torch.where(torch.isneginf(lse), torch.zeros_like(lse), lse)
+    # Only a row with no key is empty; one whose logits are all -inf (a non-finite input) stays NaN.
+    empty = ~keep.any(-1)
+    lse_safe = torch.where(empty, torch.zeros_like(lse), lse)
     p = torch.exp(s - lse_safe.unsqueeze(-1))                                  # empty rows: all 0
     o = masked_matmul(p, keep, v.to(acc))                                      # only j in S_i, even NaN
     return o.to(q.dtype), lse
@@ -107,7 +112,7 @@ class _TritonBlockSparseAttention(torch.autograd.Function):
 
 def block_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                            block_mask: torch.Tensor, *, block_size: int, scale: float | None = None,
-                           causal: bool = False, return_lse: bool = False, backend: str = "auto"):
+                           causal: bool, return_lse: bool = False, backend: str = "auto"):
     """Softmax attention over the visited key blocks only.
 
     Args:
@@ -125,14 +130,14 @@ def block_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     Returns:
         ``o [B, H, Tq, Dv]`` (zeros on rows with no visited key), or ``(o, lse)``.
     """
-    if not isinstance(causal, bool):
-        raise TypeError(f"causal must be a bool; got {type(causal).__name__}")
+    _validate.check_bool("causal", causal)
+    _validate.check_bool("return_lse", return_lse)
     B, H, Tq, Tk, D, Dv = _validate.check_qkv(q, k, v, same_length=causal)
     _validate.check_power_of_two("block_size", block_size, lo=1, hi=1024)
     _check_block_mask(block_mask, H=H, Tq=Tq, Tk=Tk, block_size=block_size, device=q.device)
     scale = 1.0 / math.sqrt(D) if scale is None else _validate.check_positive("scale", scale)
     why_not = (f"the kernel needs block_size >= 16 (tl.dot tiles); got {block_size}" if block_size < 16
-               else f"the kernel takes head dims up to 256; got D={D}, Dv={Dv}" if max(D, Dv) > 256
+               else f"the kernel takes head dims up to {MAX_HEAD_DIM}; got D={D}, Dv={Dv}" if max(D, Dv) > MAX_HEAD_DIM
                else None)
     if choose_backend(backend, q, why_not=why_not) == "triton":
         o, lse = _TritonBlockSparseAttention.apply(q, k, v, block_mask, block_size, scale, causal)

@@ -43,7 +43,10 @@ the selected set (sparse stage), the indexer's input detached from the main mode
 
 Masked positions. A key outside ``S_t`` contributes exactly nothing to row ``t``, even if ``k`` or ``v``
 hold NaN or inf there: it is never gathered, and padded slots are replaced by zeros with ``torch.where``
-before any product. A non-finite value *inside* ``S_t`` makes row ``t`` NaN, as in dense attention.
+before any product. A non-finite value *inside* ``S_t`` makes row ``t`` NaN, as in dense attention --
+a row whose selected logits are all ``-inf`` too (``o`` NaN, ``lse = -inf``, on both backends). A row
+with no selected key (never produced by the selection; indices given directly) is empty: ``o = 0``,
+``lse = -inf``.
 
 Kernels (``attnlib/kernels/topk/``; ``backend="auto"`` takes them where the house rule allows, see
 ``attnlib/_backend.py``). :func:`index_scores` has a fused kernel that never writes the per-head
@@ -67,10 +70,10 @@ import math
 import torch
 
 from . import _validate
-from ._backend import KERNEL_DTYPES, choose_backend
+from ._backend import KERNEL_DTYPES, MAX_HEAD_DIM, choose_backend
 from ._numerics import acc_dtype
 
-MAX_KERNEL_DIM = 256       # the kernels hold a whole head row (q, k, v, index q/k) in one tile
+MAX_KERNEL_DIM = MAX_HEAD_DIM       # the kernels hold a whole head row (q, k, v, index q/k) in one tile
 
 
 def _why_not_attention(D: int, Dv: int) -> str | None:
@@ -101,7 +104,7 @@ def index_scores_reference(index_q: torch.Tensor, index_k: torch.Tensor, index_w
     return (index_w.to(acc).unsqueeze(-1) * per_head).sum(dim=1, keepdim=True)   # [B, 1, Tq, Tk]
 
 
-def topk_select_reference(I: torch.Tensor, top_k: int, *, causal: bool = True) -> torch.Tensor:
+def topk_select_reference(I: torch.Tensor, top_k: int, *, causal: bool) -> torch.Tensor:
     """Indices ``[B, 1, Tq, min(top_k, Tk)]`` (int64) of each row's highest scores, highest first.
 
     With ``causal``, keys ``s > t`` are never selected; a row with fewer visible keys than slots pads
@@ -146,7 +149,9 @@ def topk_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
 
     ``q [B, H, Tq, D]``, ``k [B, H, Tk, D]``, ``v [B, H, Tk, Dv]``, ``indices [B, 1, Tq, n]`` from
     :func:`topk_select` (``-1`` = no key). Computes in float32 (float64 for float64 inputs); returns
-    ``(o [B, H, Tq, Dv] in q's dtype, lse [B, H, Tq])``. Every row must select at least one key.
+    ``(o [B, H, Tq, Dv] in q's dtype, lse [B, H, Tq])``. A row with no selected key (every slot ``-1``)
+    is empty: ``o = 0``, ``lse = -inf``, as in the kernel; a row whose selected logits are all ``-inf``
+    (an infinite input) gives NaN (``exp(-inf - (-inf))``) and ``lse = -inf``.
     """
     acc = acc_dtype(q.dtype)
     slot = (indices >= 0).unsqueeze(-1)                                           # [B, 1, Tq, n, 1]
@@ -157,18 +162,13 @@ def topk_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     s = scale * torch.einsum("bhtd,bhtnd->bhtn", q.to(acc), k_sel)
     s = s.masked_fill(~slot.squeeze(-1), float("-inf"))
     lse = torch.logsumexp(s, dim=-1)                                              # [B, H, Tq]
-    p = torch.exp(s - lse.unsqueeze(-1))                                          # 0 on padded slots
+    empty = ~slot.squeeze(-1).any(-1)                                             # [B, 1, Tq]: no key at all
+    p = torch.exp(s - torch.where(empty, 0.0, lse).unsqueeze(-1))                 # 0 on padded slots
     o = torch.einsum("bhtn,bhtnd->bhtd", p, v_sel)
     return o.to(q.dtype), lse
 
 
 # ----------------------------------------------------------------------------- validation
-
-def _check_causal(causal) -> bool:
-    if not isinstance(causal, bool):
-        raise TypeError(f"causal must be a bool; got {type(causal).__name__}")
-    return causal
-
 
 def _check_indexer(index_q, index_k, index_w, *, B: int | None = None, Tq: int | None = None,
                    Tk: int | None = None, device=None) -> tuple[int, int, int, int, int]:
@@ -280,7 +280,7 @@ def index_scores(index_q: torch.Tensor, index_k: torch.Tensor, index_w: torch.Te
     return index_scores_reference(index_q, index_k, index_w)
 
 
-def topk_select(I: torch.Tensor, top_k: int, *, causal: bool = True) -> torch.Tensor:
+def topk_select(I: torch.Tensor, top_k: int, *, causal: bool) -> torch.Tensor:
     """Indices ``[B, 1, Tq, min(top_k, Tk)]`` (int64) of each query's ``top_k`` highest-scoring keys.
 
     Highest score first; ties go to the earlier key; NaN counts as ``-inf``. With ``causal`` only keys
@@ -288,14 +288,14 @@ def topk_select(I: torch.Tensor, top_k: int, *, causal: bool = True) -> torch.Te
     with ``-1``. ``top_k >= Tk`` selects every (visible) key. :func:`selection_mask` turns the result
     into a boolean ``[B, 1, Tq, Tk]`` mask.
     """
-    _check_causal(causal)
+    _validate.check_bool("causal", causal)
     _check_scores("I", I, causal=causal)
     top_k = _validate.check_int("top_k", top_k, lo=1)
     return topk_select_reference(I, top_k, causal=causal)
 
 
 def topk_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, index_q: torch.Tensor,
-                   index_k: torch.Tensor, index_w: torch.Tensor, *, top_k: int, causal: bool = True,
+                   index_k: torch.Tensor, index_w: torch.Tensor, *, top_k: int, causal: bool,
                    scale: float | None = None, return_lse: bool = False, return_indices: bool = False,
                    backend: str = "auto"):
     """Softmax attention over each query's ``top_k`` keys, chosen by the lightning indexer.
@@ -320,7 +320,7 @@ def topk_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, index_q: t
         extras. ``q, k, v`` get gradients; the index inputs get none through ``o`` (the selection is
         discrete): train the indexer with :func:`indexer_kl_loss`.
     """
-    _check_causal(causal)
+    _validate.check_bool("causal", causal)
     for name, flag in (("return_lse", return_lse), ("return_indices", return_indices)):
         _validate.check_bool(name, flag)
     B, H, Tq, Tk, D, Dv = _validate.check_qkv(q, k, v, same_length=causal)
@@ -340,7 +340,7 @@ def topk_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, index_q: t
 
 
 def indexer_kl_loss(attention_weights: torch.Tensor, I: torch.Tensor, selected: torch.Tensor | None = None, *,
-                    causal: bool = True) -> torch.Tensor:
+                    causal: bool) -> torch.Tensor:
     """The indexer's training loss, per query: ``KL(p_t || softmax(I_t))`` -- DeepSeek-V3.2's.
 
     The target ``p_t`` is the main attention summed over its heads and L1-normalised along the keys.
@@ -364,7 +364,7 @@ def indexer_kl_loss(attention_weights: torch.Tensor, I: torch.Tensor, selected: 
         ``[B, Tq]`` per-query KL divergences in I's dtype; sum them (DeepSeek's ``L^I = sum_t KL``) or
         average them. ``+inf`` where ``p_t`` puts mass on a key whose index score is ``-inf``.
     """
-    _check_causal(causal)
+    _validate.check_bool("causal", causal)
     _validate.check_tensor("attention_weights", attention_weights, ndim=4)
     B, Tq, Tk = _check_scores("I", I, causal=causal)
     if attention_weights.shape[0] != B or tuple(attention_weights.shape[2:]) != (Tq, Tk) \

@@ -31,6 +31,12 @@ from attnlib.metrics import rel_rms
 
 RESULTS = Path(__file__).resolve().parent / "results"
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
+# The anchor shapes (issue 13), (B, H, T, D) with Dv = D, bf16: the first four are its forward table, the last
+# its forward+backward shape. Their one home: the chunked benchmarks (linear.py, deltanet.py) run both passes
+# on all five, the static kernel report (kernel_report/) captures them, the GPU session's plan is checked
+# against them (tests/test_gpu_session.py).
+ANCHOR_SHAPES = ((4, 16, 4096, 64), (4, 16, 4096, 128), (4, 16, 16384, 128), (1, 8, 65536, 128),
+                 (2, 16, 4096, 128))
 
 
 def device_name() -> str:

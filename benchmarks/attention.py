@@ -21,17 +21,14 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _common  # noqa: E402
-
-import attnlib  # noqa: E402
-from attnlib import _backend  # noqa: E402
-from attnlib.attention import softmax_attention_reference  # noqa: E402
+import attnlib
+from attnlib import _backend
+from attnlib.attention import softmax_attention_reference
+from benchmarks import _common
 
 
 def naive(q, k, v, causal):

@@ -25,12 +25,10 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _common  # noqa: E402
-
-import attnlib  # noqa: E402
-from attnlib import _backend  # noqa: E402
-from attnlib.sparse import block_sparse_attention_reference, n_blocks  # noqa: E402
+import attnlib
+from attnlib import _backend
+from attnlib.sparse import block_sparse_attention_reference, n_blocks
+from benchmarks import _common
 
 FWD_BWD_FLOP_FACTOR = 3.5
 # Gradients go through P and dS rounded to the input dtype (as in FlashAttention): bf16 gradients sit
@@ -51,11 +49,11 @@ def random_block_mask(H: int, T: int, bs: int, density: float, device, seed: int
 
 IMPLS = {
     "attnlib-block-sparse": lambda q, k, v, m, bs: attnlib.block_sparse_attention(q, k, v, m, block_size=bs,
-                                                                                  backend="triton"),
-    "attnlib-dense": lambda q, k, v, m, bs: attnlib.softmax_attention(q, k, v, backend="triton"),
+                                                                                  backend="triton", causal=False),
+    "attnlib-dense": lambda q, k, v, m, bs: attnlib.softmax_attention(q, k, v, backend="triton", causal=False),
     "sdpa": lambda q, k, v, m, bs: F.scaled_dot_product_attention(q, k, v),
     "torch-reference": lambda q, k, v, m, bs: attnlib.block_sparse_attention(q, k, v, m, block_size=bs,
-                                                                             backend="torch"),
+                                                                             backend="torch", causal=False),
 }
 DENSE = ("attnlib-dense", "sdpa")
 
@@ -69,7 +67,7 @@ def check_agreement(device, dtype_name, bs) -> None:
     mask = random_block_mask(2, T, bs, 0.5, device)
     mask[:, -1] = False                                     # the last query block visits nothing
     ref64 = [t.double().requires_grad_() for t in (q, k, v)]
-    o_ref, _ = block_sparse_attention_reference(*ref64, mask, block_size=bs, scale=64 ** -0.5)
+    o_ref, _ = block_sparse_attention_reference(*ref64, mask, block_size=bs, scale=64 ** -0.5, causal=False)
     want = [o_ref, *torch.autograd.grad((o_ref * w.double()).sum(), ref64)]
     xs = [t.to(dtype).requires_grad_() for t in (q, k, v)]
     o = IMPLS["attnlib-block-sparse"](*xs, mask, bs)

@@ -39,13 +39,13 @@ import argparse
 import functools
 import math
 import sys
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import (  # noqa: E402
+import attnlib
+from benchmarks._common import (
+    ANCHOR_SHAPES,
     DTYPES,
     add_sweep_arguments,
     checkpoint,
@@ -55,12 +55,9 @@ from _common import (  # noqa: E402
     write_results,
 )
 
-import attnlib  # noqa: E402
-
 CHUNK = 64
 # Issue 13's shapes: (B, H, T, D); both passes run on all of them.
-ISSUE_SHAPES = [(4, 16, 4096, 64), (4, 16, 4096, 128), (4, 16, 16384, 128), (1, 8, 65536, 128),
-                (2, 16, 4096, 128)]
+ISSUE_SHAPES = list(ANCHOR_SHAPES)
 
 
 def delta_flops(B, H, T, D, C=CHUNK):

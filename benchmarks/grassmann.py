@@ -29,10 +29,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _common  # noqa: E402
-
-from attnlib.grassmann import n_pairs, plucker_projection, plucker_projection_reference  # noqa: E402
+from attnlib.grassmann import n_pairs, plucker_projection, plucker_projection_reference
+from benchmarks import _common
 
 OFFSETS = (1, 2, 4, 8, 12, 16)
 

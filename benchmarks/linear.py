@@ -40,13 +40,13 @@ from __future__ import annotations
 import argparse
 import functools
 import sys
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import (  # noqa: E402
+import attnlib
+from benchmarks._common import (
+    ANCHOR_SHAPES,
     DTYPES,
     add_sweep_arguments,
     checkpoint,
@@ -56,13 +56,10 @@ from _common import (  # noqa: E402
     write_results,
 )
 
-import attnlib  # noqa: E402
-
 CHUNK = 64
 # Issue 13's shapes: (B, H, T, D). The first four are its forward table, the last its fwd+bwd shape;
 # both passes run on all of them.
-ISSUE_SHAPES = [(4, 16, 4096, 64), (4, 16, 4096, 128), (4, 16, 16384, 128), (1, 8, 65536, 128),
-                (2, 16, 4096, 128)]
+ISSUE_SHAPES = list(ANCHOR_SHAPES)
 PASSES = ("fwd", "fwd+bwd")
 
 
@@ -93,9 +90,9 @@ def load_fla():
 def impls(fla_fn, *, smoke, pass_):
     """``{name: (fn, layout)}``; ``fn`` takes (q, k, v) in ``layout`` ("bhtd" ours, "bthd" fla's)."""
     out = {
-        "attnlib": (functools.partial(attnlib.linear_attention, mode="chunk", chunk_size=CHUNK,
+        "attnlib": (functools.partial(attnlib.linear_attention, causal=True, mode="chunk", chunk_size=CHUNK,
                                       backend="triton"), "bhtd"),
-        "torch_reference": (functools.partial(attnlib.linear_attention, mode="chunk", chunk_size=CHUNK,
+        "torch_reference": (functools.partial(attnlib.linear_attention, causal=True, mode="chunk", chunk_size=CHUNK,
                                               backend="torch"), "bhtd"),
         "sdpa": (functools.partial(F.scaled_dot_product_attention, is_causal=True), "bhtd"),
     }
@@ -114,9 +111,9 @@ def check_agreement(fla_fn, device, dtype):
     q, k, v = (torch.randn(1, 2, 300, 64, generator=g).to(device, dtype) for _ in range(3))
     do = torch.randn(1, 2, 300, 64, generator=g).to(device, dtype)
     ins64 = [x.double().requires_grad_() for x in (q, k, v)]
-    ref = attnlib.linear_attention(*ins64, backend="torch")
+    ref = attnlib.linear_attention(*ins64, backend="torch", causal=True)
     ref_grads = torch.autograd.grad(ref, ins64, do.double())
-    runs = {"attnlib": lambda a, b, c: attnlib.linear_attention(a, b, c, backend="triton")}
+    runs = {"attnlib": lambda a, b, c: attnlib.linear_attention(a, b, c, backend="triton", causal=True)}
     if fla_fn is not None:
         runs["fla"] = lambda a, b, c: fla_fn(*(x.transpose(1, 2) for x in (a, b, c))).transpose(1, 2)
     tag = str(dtype).replace("torch.", "")

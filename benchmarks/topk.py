@@ -31,12 +31,10 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _common  # noqa: E402
-
-import attnlib  # noqa: E402
-from attnlib import _backend  # noqa: E402
-from attnlib.topk import index_scores_reference, topk_attention_reference, topk_select  # noqa: E402
+import attnlib
+from attnlib import _backend
+from attnlib.topk import index_scores_reference, topk_attention_reference, topk_select
+from benchmarks import _common
 
 FWD_BWD_FLOP_FACTOR = 3.5
 # The attention kernels compute in float32 from the 16-bit inputs; gradients are rounded once at the end.
@@ -75,12 +73,13 @@ def check_agreement(device, dtype_name) -> None:
     q, k, v, w = (torch.randn(1, 2, T, 64, generator=g).to(device) for _ in range(4))
     iq, ik, iw = (torch.randn(*s, generator=g).to(device) for s in ((1, 4, T, 32), (1, 1, T, 32), (1, 4, T)))
     top_k = 16 if device.type == "cuda" else 5
-    idx = topk_select(index_scores_reference(iq, ik, iw), top_k)
+    idx = topk_select(index_scores_reference(iq, ik, iw), top_k, causal=True)
     ref64 = [t.double().requires_grad_() for t in (q, k, v)]
     o_ref, _ = topk_attention_reference(*ref64, idx, scale=64 ** -0.5)
     want = [o_ref, *torch.autograd.grad((o_ref * w.double()).sum(), ref64)]
     xs = [t.to(dtype).requires_grad_() for t in (q, k, v)]
-    o, got_idx = attnlib.topk_attention(*xs, iq, ik, iw, top_k=top_k, return_indices=True, backend="triton")
+    o, got_idx = attnlib.topk_attention(*xs, iq, ik, iw, top_k=top_k, return_indices=True, backend="triton",
+                                        causal=True)
     if not torch.equal(got_idx, idx):
         raise SystemExit("attnlib-topk selected other keys than the reference; not timing it")
     got = [o, *torch.autograd.grad((o * w.to(dtype)).sum(), xs)]

@@ -9,6 +9,7 @@ always). Under pytest-xdist (``-n 2 --dist loadfile``) each worker runs whole la
 from __future__ import annotations
 
 import fcntl
+import importlib.util
 import sys
 import time
 from pathlib import Path
@@ -16,8 +17,12 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "scripts"))
-import execute_labs  # noqa: E402  (scripts/ is not a package)
+# scripts/ is a folder of commands, not a package: the one that owns the cache's rules is loaded by its path,
+# and registered before it runs, as an import would register it.
+_spec = importlib.util.spec_from_file_location("execute_labs", ROOT / "scripts" / "execute_labs.py")
+execute_labs = importlib.util.module_from_spec(_spec)
+sys.modules["execute_labs"] = execute_labs
+_spec.loader.exec_module(execute_labs)
 
 _RUNS: dict[str, dict] = {}       # lab path -> its nbval notebook, whether a cell failed, when it started
 

@@ -18,20 +18,16 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import sys
 import time
 from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
 
+from attnlib.experiments import anna as ex
+from benchmarks._common import device_name, versions  # the benchmarks' record of device and versions
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-from _common import device_name, versions  # noqa: E402  (the benchmarks' record of device and versions)
-
-from attnlib.experiments import anna as ex  # noqa: E402
 
 # The paper sweeps [secondary] Match2 l = 1..16, z = 1..6, and induction layer 1 l = 32..96, layer 2
 # l = 4..32, z = 1..4. Those grids cannot answer whether hashing can serve a trained model: in the many-table

@@ -43,6 +43,7 @@ comes from the same device and versions, and refused otherwise.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import re
@@ -216,8 +217,7 @@ def run(args) -> int:
 
 def describe_environment(env: dict, log) -> dict:
     """GPU, driver and package versions, read by a child with the step environment."""
-    code = ("import json, sys; sys.path.insert(0, 'benchmarks'); import _common; "
-            "print(json.dumps(_common.header()))")
+    code = "import json; from benchmarks import _common; print(json.dumps(_common.header()))"
     try:
         head = json.loads(subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, check=True,
                                          capture_output=True, text=True, timeout=120).stdout)
@@ -255,8 +255,12 @@ def pack(results: Path, out: Path, summary: dict) -> None:
 
 def execute_lab(path: Path, out: Path) -> int:
     """Execute one lab at full scale; write ``<lab>.json``: seconds, and the failing cell if any."""
-    sys.path.insert(0, str(ROOT / "scripts"))
-    from execute_labs import execute
+    # scripts/ is a folder of commands, not a package: load the lab runner by its path
+    spec = importlib.util.spec_from_file_location("execute_labs", ROOT / "scripts" / "execute_labs.py")
+    execute_labs = importlib.util.module_from_spec(spec)
+    sys.modules["execute_labs"] = execute_labs
+    spec.loader.exec_module(execute_labs)
+    execute = execute_labs.execute
 
     out.mkdir(parents=True, exist_ok=True)
     _, failure, seconds = execute(str(path))
@@ -271,8 +275,7 @@ def execute_lab(path: Path, out: Path) -> int:
 def collect_results(work: Path) -> None:
     """test_gpu.xml + gpu_errors.json -> ``<device>-<date>-test_gpu.json``; labs/*.json ->
     ``<device>-<date>-labs.json`` (both under ``work/results``, in the benchmarks' header format)."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    import _common
+    from benchmarks import _common
 
     head = _common.header()
     xml = work / "test_gpu.xml"

@@ -30,21 +30,17 @@ import json
 import os
 import platform
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from attnlib.experiments import hybrid as hx
+from attnlib.experiments.mqar import train_recall
+from benchmarks._common import versions  # the benchmarks' record of versions
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-from _common import versions  # noqa: E402  (the benchmarks' record of versions)
-
-from attnlib.experiments import hybrid as hx  # noqa: E402
-from attnlib.experiments.mqar import train_recall  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 OUT = RESULTS / "hybrid_grid.json"

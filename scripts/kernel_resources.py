@@ -13,7 +13,7 @@ they would choose on a GPU (``common/launch.py``). Each kernel launch is interce
 its arguments go through Triton's own binder (the specialisation the JIT would make: pointer and
 integer divisibility by 16, integers equal to 1 as constants; a tensor descriptor's dtype and box) and
 the kernel is compiled with ``triton.compile`` for the target (``--sm``; the device queries -- compute
-capability, shared memory per block -- answer for it: ``kernel_report.fake_gpu``). Triton hands the PTX
+capability, shared memory per block -- answer for it: ``benchmarks.kernel_report.fake_gpu``). Triton hands the PTX
 to its bundled ``ptxas -v``; we capture that log for registers per thread and spill bytes, read the
 shared memory Triton allocates from the compiled metadata, and from the PTX which instruction the
 products lower to (``wgmma``, ``mma.sync`` or neither: FMA) and whether tiles are loaded by TMA.
@@ -28,10 +28,10 @@ block-sparse wrappers are run with ``block_size`` 128, the largest tiles they la
 
 Run with TRITON_INTERPRET unset, from the repository root:
 
-    PYTHONPATH=$PWD python scripts/kernel_resources.py                       # D 64/128/256, bf16+fp16
-    PYTHONPATH=$PWD python scripts/kernel_resources.py --dims 128 --dtypes bf16 --kernels _bwd_dqk_kernel --no-save
-    PYTHONPATH=$PWD python scripts/kernel_resources.py --kernels _flash_fwd_kernel --every-config --no-save
-    PYTHONPATH=$PWD python scripts/kernel_resources.py --sm 80 89 90 --workloads "flash fused" --no-save
+    python scripts/kernel_resources.py                       # D 64/128/256, bf16+fp16
+    python scripts/kernel_resources.py --dims 128 --dtypes bf16 --kernels _bwd_dqk_kernel --no-save
+    python scripts/kernel_resources.py --kernels _flash_fwd_kernel --every-config --no-save
+    python scripts/kernel_resources.py --sm 80 89 90 --workloads "flash fused" --no-save
 
 The ``SPILLS`` tables themselves come from ``kernel_report.py --spill-tables``.
 
@@ -48,21 +48,16 @@ import sys
 
 import torch
 import triton
-
-# The capture and compile machinery lives in kernel_report.py (importing it sets the Triton environment:
-# interpreter off -- attnlib's kernels are imported later, in workloads() -- and ptxas on every compile).
-from kernel_report import (
-    ROOT,
-    TARGETS,
-    TritonLaunch,
-    compile_spec,
-    fake_gpu,
-    is_descriptor,
-    pointer_loads,
-    recording,
-    specialise,
-)
 from torch._subclasses.fake_tensor import FakeTensorMode
+
+# The capture and compile machinery lives in benchmarks/kernel_report/ (importing it sets the Triton
+# environment: interpreter off -- attnlib's kernels are imported later, in workloads() -- and ptxas on every
+# compile).
+from benchmarks.kernel_report import ROOT
+from benchmarks.kernel_report.compile import compile_spec, specialise
+from benchmarks.kernel_report.fake_gpu import fake_gpu, pointer_loads
+from benchmarks.kernel_report.record import TritonLaunch, is_descriptor, recording
+from benchmarks.kernel_report.targets import TARGETS
 
 SMS = (80, 89, 90)                                # A100, L4, H100: the targets auto runs the kernels on
 RESULT = ROOT / "benchmarks" / "results" / "kernel_resources.json"
@@ -148,7 +143,7 @@ def workloads(D: int, dtype: torch.dtype) -> dict:
 def launches(D: int, dtype: torch.dtype, sm: int, names=None, every_config: bool = False, only=None) -> list[dict]:
     """Every distinct kernel specialisation the wrappers launch at ``D`` in ``dtype`` on ``sm_<sm>`` (for
     an autotuned kernel: every candidate its pruning hook keeps, or with ``every_config`` all of its
-    configs; ``kernel_report.recording``); ``only``: these workloads. Run inside ``fake_gpu``."""
+    configs; ``kernel_report.record.recording``); ``only``: these workloads. Run inside ``fake_gpu``."""
     seen, out = {}, []
     for workload, run in workloads(D, dtype).items():
         if only and workload not in only:
@@ -176,7 +171,7 @@ _COUNTED: dict = {}
 
 
 def compile_and_count(entry: dict) -> dict:
-    """Compile one launch for its target and read ptxas's counts (``kernel_report.compile_spec``;
+    """Compile one launch for its target and read ptxas's counts (``kernel_report.compile.compile_spec``;
     memoised: the same specialisation recurs across D, e.g. the triangular solve, and Triton would not
     run ptxas again for it)."""
     if entry["id"] not in _COUNTED:
@@ -187,12 +182,12 @@ def compile_and_count(entry: dict) -> dict:
 def _row(entry: dict, res: dict) -> dict:
     c = entry["consts"]
     flags = [k for k, v in c.items() if v is True]
-    tiles = ("CHUNK", "BLOCK_D", "BLOCK_K", "BLOCK_V", "BLOCK_DV")    # BLOCK_M, BLOCK_N, BS: in the flags
+    tiles = ("CHUNK", "BLOCK_D", "BLOCK_DV")    # BLOCK_M, BLOCK_N, BS: in the flags
     flags += [f"{k}={v}" for k, v in c.items() if type(v) is int and k not in tiles]
     flags += [f"{k}={v}" for k, v in entry["signature"].items() if k in ("O", "V") and v == "*fp32"]
     return {"kernel": entry["kernel"], "sm": entry["sm"], "flags": flags, "mma": res["mma"], "tma": res["tma"],
-            "chunk": c.get("CHUNK"), "block_d": c.get("BLOCK_D", c.get("BLOCK_K")),
-            "block_v": c.get("BLOCK_V", c.get("BLOCK_DV")),
+            "chunk": c.get("CHUNK"), "block_d": c.get("BLOCK_D"),
+            "block_v": c.get("BLOCK_DV"),
             "num_warps": entry["options"].num_warps, "num_stages": entry["options"].num_stages,
             "registers": res["registers"], "spill_store_bytes": res["spill_store_bytes"],
             "spill_load_bytes": res["spill_load_bytes"], "shared_bytes": res["shared_bytes"]}
@@ -200,7 +195,7 @@ def _row(entry: dict, res: dict) -> dict:
 
 def _launch_shape(entry: dict) -> tuple:
     """A launch up to its head width: kernel, constants other than the head tiles, warps and stages."""
-    consts = {k: v for k, v in entry["consts"].items() if k not in ("BLOCK_D", "BLOCK_DV", "BLOCK_K", "BLOCK_V")}
+    consts = {k: v for k, v in entry["consts"].items() if k not in ("BLOCK_D", "BLOCK_DV")}
     return entry["kernel"], repr(sorted(consts.items())), entry["options"].num_warps, entry["options"].num_stages
 
 
@@ -209,7 +204,7 @@ def report(dims, dtypes, names=None, progress=sys.stderr, every_config: bool = F
     """Compile and count every launch, for each target in ``sms``. ``widest_only``: a launch that recurs
     at several head widths (the same autotuning candidate kept at D 64 and 128) is compiled at the
     widest only -- the registers of a configuration never fell when D shrank, in every row of the
-    saved report. ``tma=False``: the pointer path on sm_90 too (``kernel_report.pointer_loads``)."""
+    saved report. ``tma=False``: the pointer path on sm_90 too (``kernel_report.fake_gpu.pointer_loads``)."""
     rows = []
     for sm in sms:
         with fake_gpu(TARGETS[f"sm_{sm}"]), (contextlib.nullcontext() if tma else pointer_loads()):

@@ -9,11 +9,11 @@ F64 = torch.float64
 
 
 def definition(z, W, offsets, eps=1e-6):
-    """``g [B, L, d]`` in float64 (differentiable in ``z``, ``W`` when they require grad)."""
+    """``g [B, T, d]`` in float64 (differentiable in ``z``, ``W`` when they require grad)."""
     z, W = z.to(F64), W.to(F64)
-    B, L, r = z.shape
+    B, T, r = z.shape
     rows = []
-    for t in range(L):
+    for t in range(T):
         feats = []
         for delta in offsets:
             if t - delta < 0:
@@ -34,14 +34,14 @@ TOL32 = {"repeated": 2e-6, "parallel": 2e-6, "near1e-3": 2e-4, "near1e-5": 2e-2,
          "scale1e-10": 2e-6}
 
 
-def degenerate_tokens(kind, r, L=24, B=2, seed=0, dtype=torch.float32):
-    """``z [B, L, r]``: random tokens with repeated ones (z_t = z_{t-1}, z_t = z_{t-2}), exactly parallel
+def degenerate_tokens(kind, r, T=24, B=2, seed=0, dtype=torch.float32):
+    """``z [B, T, r]``: random tokens with repeated ones (z_t = z_{t-1}, z_t = z_{t-2}), exactly parallel
     ones (z_t = 2 z_{t-1}, z_t = z_{t-2} / 2, z_t = 0), all tokens within ``1e-3``/``1e-5`` of one
     vector, or random tokens of size 1e10 / 1e-10 (with a repeated pair)."""
     g = torch.Generator().manual_seed(seed)
-    z = torch.randn(B, L, r, generator=g, dtype=dtype)
+    z = torch.randn(B, T, r, generator=g, dtype=dtype)
     if kind.startswith("near"):
-        z = z[:, :1] + float(kind[4:]) * torch.randn(B, L, r, generator=g, dtype=dtype)
+        z = z[:, :1] + float(kind[4:]) * torch.randn(B, T, r, generator=g, dtype=dtype)
     elif kind.startswith("scale"):
         z = z * float(kind[5:])
         z[:, 7] = z[:, 6]

@@ -76,21 +76,21 @@ def test_empty_rows_give_zero_output_and_full_collision_gives_the_mean():
     q = torch.tensor([[[[1.0, 0.0], [-1.0, 0.0]]]], **F64)
     k = torch.tensor([[[[1.0, 0.01], [0.9, -0.01]]]], **F64)
     v = torch.tensor([[[[2.0], [4.0]]]], **F64)
-    o, w = anna_attention(q, k, v, n_tables=1, n_bits=30, seed=3, return_weights=True)
+    o, w = anna_attention(q, k, v, n_tables=1, n_bits=30, seed=3, return_weights=True, causal=False)
     # with 30 bits the opposite query shares no bucket; the near one shares all or none
     assert torch.equal(o[0, 0, 1], torch.zeros(1, **F64)) and w[0, 0, 1].sum() == 0
     # identical inputs collide in every table: the output is the plain mean of the values
     same = k[:, :, :1].expand(1, 1, 2, 2)
-    o_same = anna_attention(same, same, v, n_tables=3, n_bits=8)
+    o_same = anna_attention(same, same, v, n_tables=3, n_bits=8, causal=False)
     assert torch.allclose(o_same, torch.full_like(o_same, 3.0))
 
 
 def test_multiplicity_counts_a_key_once_per_table_it_collides_in():
     q, k, v = _qkv(1, 1, 12, 12, 4, 2, 1, noise=0.6)
     proj = lsh_projections("simhash", 6, 2, 4, 5)
-    m = anna_collision_counts(lsh_codes(q, proj, "simhash"), lsh_codes(k, proj, "simhash"))
+    m = anna_collision_counts(lsh_codes(q, proj, "simhash"), lsh_codes(k, proj, "simhash"), causal=False)
     assert m.max() > 1, "the instance should have a key colliding in several tables"
-    _, w = anna_attention(q, k, v, n_tables=6, n_bits=2, seed=5, return_weights=True)
+    _, w = anna_attention(q, k, v, n_tables=6, n_bits=2, seed=5, return_weights=True, causal=False)
     nz = m.sum(-1) > 0
     assert torch.allclose(w[nz], (m.double() / m.sum(-1, keepdim=True))[nz])
 
@@ -100,8 +100,8 @@ def test_multiplicity_counts_a_key_once_per_table_it_collides_in():
 def test_noncausal_output_is_invariant_to_permuting_the_keys(T, seed, family):
     q, k, v = _qkv(1, 2, T, T, 5, 3, seed)
     perm = torch.randperm(T, generator=torch.Generator().manual_seed(seed))
-    o = anna_attention(q, k, v, n_tables=3, n_bits=2, family=family, seed=seed)
-    o_p = anna_attention(q, k[:, :, perm], v[:, :, perm], n_tables=3, n_bits=2, family=family, seed=seed)
+    o = anna_attention(q, k, v, n_tables=3, n_bits=2, family=family, seed=seed, causal=False)
+    o_p = anna_attention(q, k[:, :, perm], v[:, :, perm], n_tables=3, n_bits=2, family=family, seed=seed, causal=False)
     assert torch.allclose(o, o_p, atol=1e-12)
 
 
@@ -109,7 +109,8 @@ def test_causal_row_i_equals_noncausal_on_the_prefix():
     q, k, v = _qkv(1, 1, 25, 25, 4, 3, 7)
     o = anna_attention(q, k, v, n_tables=4, n_bits=2, seed=1, causal=True)
     for i in (0, 5, 24):
-        o_i = anna_attention(q[:, :, i:i + 1], k[:, :, :i + 1], v[:, :, :i + 1], n_tables=4, n_bits=2, seed=1)
+        o_i = anna_attention(q[:, :, i:i + 1], k[:, :, :i + 1], v[:, :, :i + 1], n_tables=4, n_bits=2, seed=1,
+                             causal=False)
         assert torch.allclose(o[:, :, i], o_i[:, :, 0], atol=1e-12)
 
 
@@ -146,7 +147,7 @@ def test_simhash_collision_rate_matches_one_minus_theta_over_pi():
 def test_length_zero_one_and_empty_batch():
     for (B, Tq, Tk) in [(1, 0, 0), (0, 3, 3), (1, 1, 1), (2, 3, 0), (1, 0, 4)]:
         q, k, v = (torch.randn(B, 2, Tq, 4), torch.randn(B, 2, Tk, 4), torch.randn(B, 2, Tk, 3))
-        o = anna_attention(q, k, v, n_tables=2, n_bits=3)
+        o = anna_attention(q, k, v, n_tables=2, n_bits=3, causal=False)
         assert o.shape == (B, 2, Tq, 3) and torch.isfinite(o).all()
         if Tk == 0:
             assert (o == 0).all()
@@ -159,8 +160,8 @@ def test_length_zero_one_and_empty_batch():
 def test_low_precision_inputs_match_float64_on_the_same_buckets(dtype):
     q, k, v = _qkv(1, 2, 33, 33, 8, 5, 0)
     q, k, v = (t.to(dtype) for t in (q, k, v))
-    o = anna_attention(q, k, v, n_tables=3, n_bits=3, seed=2)
-    o64 = anna_attention(q.double(), k.double(), v.double(), n_tables=3, n_bits=3, seed=2)
+    o = anna_attention(q, k, v, n_tables=3, n_bits=3, seed=2, causal=False)
+    o64 = anna_attention(q.double(), k.double(), v.double(), n_tables=3, n_bits=3, seed=2, causal=False)
     assert o.dtype == dtype
     assert torch.allclose(o.double(), o64, atol=2e-2 if dtype != torch.float32 else 1e-6)
 
@@ -176,15 +177,15 @@ def test_reference_holds_no_T_by_T_tensor():
 
 def test_bad_inputs_raise_clear_errors():
     q, k, v = torch.randn(1, 2, 8, 4), torch.randn(1, 2, 8, 4), torch.randn(1, 2, 8, 3)
-    ok = dict(n_tables=2, n_bits=3)
+    ok = dict(n_tables=2, n_bits=3, causal=False)
     with pytest.raises(ValueError, match=r"n_tables must be in \[1, 4096\]; got 0"):
-        anna_attention(q, k, v, n_tables=0, n_bits=3)
+        anna_attention(q, k, v, n_tables=0, n_bits=3, causal=False)
     with pytest.raises(TypeError, match="n_tables must be an int"):
-        anna_attention(q, k, v, n_tables=2.0, n_bits=3)
+        anna_attention(q, k, v, n_tables=2.0, n_bits=3, causal=False)
     with pytest.raises(ValueError, match=r"n_bits must be in \[1, 30\]; got 31"):
-        anna_attention(q, k, v, n_tables=2, n_bits=31)
+        anna_attention(q, k, v, n_tables=2, n_bits=31, causal=False)
     with pytest.raises(ValueError, match="n_bits must be in .*cross-polytope"):
-        anna_attention(q, k, v, n_tables=2, n_bits=25, family="crosspolytope")
+        anna_attention(q, k, v, n_tables=2, n_bits=25, family="crosspolytope", causal=False)
     with pytest.raises(ValueError, match="family must be one of"):
         anna_attention(q, k, v, family="minhash", **ok)
     with pytest.raises(TypeError, match="seed must be an int"):
@@ -210,7 +211,7 @@ def test_bad_inputs_raise_clear_errors():
         anna_attention(q.detach(), k, v, backend="cuda", **ok)
     wide = torch.randn(1, 1, 4, 130)
     with pytest.raises(ValueError, match="takes D up to 128; got D=130"):
-        anna_attention(wide, wide, wide, family="crosspolytope", backend="triton", n_tables=1, n_bits=2)
+        anna_attention(wide, wide, wide, family="crosspolytope", backend="triton", n_tables=1, n_bits=2, causal=False)
 
 
 # ---------------------------------------------------------------------------- chapter 5's tasks
@@ -349,28 +350,32 @@ def test_reproduction_summary_means_over_seeds_and_figure_has_one_frame_per_surr
 
 
 def test_plan_figure_has_one_frame_per_setting_and_anna_rows_sum_to_one_or_zero():
+    from attnlib.experiments.anna import anna_plans
     from attnlib.widgets.anna import anna_plan_figure, conditions_heatmap
     g = torch.Generator().manual_seed(0)
     k = torch.nn.functional.normalize(torch.randn(9, 5, generator=g, **F64), dim=-1)
     q = torch.nn.functional.normalize(k[:7] + 0.3 * torch.randn(7, 5, generator=g, **F64), dim=-1)
     settings = [(1, 2), (4, 4), (16, 8)]
-    fig = anna_plan_figure(q, k, settings, seed=3, active=1)
+    fig = anna_plan_figure(anna_plans(q, k, settings, seed=3), active=1)
     assert len(fig.frames) == 3 and len(fig.layout.sliders[0].steps) == 3
     for fr in fig.frames:
         softmax_rows, anna_rows = fr.data[1].x, fr.data[4].x                 # the row-sum bars
         assert all(abs(r - 1) < 1e-9 for r in softmax_rows)
         assert all(abs(r - 1) < 1e-9 or r == 0 for r in anna_rows)
     with pytest.raises(ValueError, match="settings must hold"):
-        anna_plan_figure(q, k, [])
+        anna_plans(q, k, [])
+    with pytest.raises(ValueError, match="plans must hold"):
+        anna_plan_figure([])
     assert [list(r) for r in conditions_heatmap([1, 2], [3], [[0.5], [1.0]]).data[0].z] == [[0.5], [1.0]]
 
 
 def test_plan_explorer_redraws_anna_panels_when_a_slider_moves():
+    from attnlib.experiments.anna import anna_plan_at
     from attnlib.experiments.weights import anna_weights
     from attnlib.widgets.anna import anna_plan_explorer
     g = torch.Generator().manual_seed(1)
     k = torch.nn.functional.normalize(torch.randn(6, 4, generator=g, **F64), dim=-1)
-    box = anna_plan_explorer(k, k, seed=2)
+    box = anna_plan_explorer(anna_plan_at(k, k), seed=2)
     l_slider, z_slider, _ = box.children[0].children
     fig = box.children[1]
     z_slider.value = 1
@@ -414,7 +419,7 @@ def test_partner_mass_of_the_simhash_limit_plan_equals_a_dense_definition_and_an
 
     assert 0 < served < 1 and abs(served - mass(w_limit)) < 1e-4
     _, w_anna = anna_attention(q, k, torch.zeros(n, 1, 32, 1, **F64), n_tables=4096, n_bits=z, seed=5,
-                               return_weights=True)
+                               return_weights=True, causal=False)
     assert abs(mass(w_anna[:, 0]) - mass(w_limit)) < 2e-3                     # measured: 2.3e-4 of 0.044
     with pytest.raises(ValueError, match="plan must be"):
         match2_partner_mass(model, n=2, seed=1, plan="sparse")
@@ -459,7 +464,7 @@ def test_match2_anna_weights_counted_per_symbol_equal_anna_on_the_sequences(n_ta
     w = match2_anna_weights(model, x, n_tables, n_bits, seed=7)
     q, k = _unit_qk(model, x)
     _, w_op = anna_attention(q, k, torch.zeros(5, 1, 32, 1), n_tables=n_tables, n_bits=n_bits, seed=7,
-                             return_weights=True)
+                             return_weights=True, causal=False)
     assert w.shape == w_op.shape == (5, 1, 32, 32)
     assert (w.double() - w_op).abs().max() < 1e-6                             # float32 vs float64 rounding
     assert (w_op.sum(-1) > 0).any()
@@ -474,7 +479,7 @@ def test_match2_set_weighting_is_uniform_over_the_keys_that_collide_in_some_tabl
     w_set = match2_anna_weights(model, x, n_tables, n_bits, seed=11, weighting="set")
     q, k = _unit_qk(model, x)
     _, w_op = anna_attention(q, k, torch.zeros(5, 1, 32, 1), n_tables=n_tables, n_bits=n_bits, seed=11,
-                             return_weights=True)
+                             return_weights=True, causal=False)
     hit = (w_op > 0).double()
     expected = hit / hit.sum(-1, keepdim=True).clamp_min(1)
     assert (w_set.double() - expected).abs().max() < 1e-6
@@ -543,7 +548,7 @@ def test_causal_outputs_before_t0_are_bit_identical_whatever_v_holds_from_t0_on(
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_an_outlier_value_leaves_the_rows_that_do_not_collide_with_it_bit_identical(backend):
     q, k, v = _leak_instance()
-    kw = dict(n_tables=4, n_bits=3, seed=1, backend=backend)
+    kw = dict(n_tables=4, n_bits=3, seed=1, causal=False, backend=backend)
     clean = anna_attention(q, k, v, **kw)
     sees = _support(q, k, n_tables=4, n_bits=3, seed=1)
     for j in (3, 33):
@@ -563,7 +568,7 @@ def test_a_nonfinite_query_or_key_raises_where_values_are_checked(which):
     bad[0, 1, 5, 2] = float("nan")
     args = (bad, k, v) if which == "q" else (q, bad, v)
     with pytest.raises(ValueError, match=rf"{which} has a non-finite entry at \[batch, head, time\] = \[0, 1, 5\]"):
-        anna_attention(*args, n_tables=2, n_bits=3)
+        anna_attention(*args, n_tables=2, n_bits=3, causal=False)
 
 
 # The interpreter runs tl.dot through NumPy, which warns on inf * 0 (the result is NaN either way).
@@ -577,7 +582,7 @@ def test_unchecked_a_nonfinite_key_collides_with_nothing_and_a_nonfinite_query_r
     from attnlib import _validate
     monkeypatch.setattr(_validate, "checks_values", lambda x: False)      # as for a GPU tensor
     q, k, v = _leak_instance()
-    kw = dict(n_tables=4, n_bits=3, seed=1, backend=backend)
+    kw = dict(n_tables=4, n_bits=3, seed=1, causal=False, backend=backend)
     j = 21
     kb = k.clone()
     kb[:, :, j, 0] = fill
@@ -599,7 +604,7 @@ def test_unchecked_a_nonfinite_key_collides_with_nothing_and_a_nonfinite_query_r
 
 def test_a_numpy_or_torch_integer_seed_is_the_same_seed():
     q, k, v = _qkv(1, 1, 12, 12, 8, 8, 0)
-    kw = dict(n_tables=4, n_bits=2)
+    kw = dict(n_tables=4, n_bits=2, causal=False)
     ref = anna_attention(q, k, v, seed=3, **kw)
     for seed in (np.int64(3), np.uint8(3), torch.tensor(3)):
         assert torch.equal(anna_attention(q, k, v, seed=seed, **kw), ref), type(seed)

@@ -43,8 +43,8 @@ def test_reference_matches_the_definition_in_float64():
 
 def test_default_scale_is_inverse_sqrt_dim():
     q, k, v = _qkv(1, 1, 5, 16, torch.float64)
-    a = attnlib.softmax_attention(q, k, v, backend="torch")
-    b = attnlib.softmax_attention(q, k, v, scale=0.25, backend="torch")
+    a = attnlib.softmax_attention(q, k, v, backend="torch", causal=False)
+    b = attnlib.softmax_attention(q, k, v, scale=0.25, backend="torch", causal=False)
     assert rel_rms(a, b) < 1e-15
 
 
@@ -65,8 +65,8 @@ def test_kernel_matches_reference_on_odd_shapes(T, D, causal):
 @pytest.mark.skipif(not _backend.INTERPRET, reason="needs TRITON_INTERPRET=1 at import")
 def test_kernel_cross_attention_and_separate_value_dim():
     q, k, v = _qkv(1, 2, 20, 32, Tk=45, Dv=16)
-    o, lse = attnlib.softmax_attention(q, k, v, return_lse=True, backend="triton")
-    o_ref, lse_ref = softmax_attention_reference(q, k, v, scale=32 ** -0.5)
+    o, lse = attnlib.softmax_attention(q, k, v, return_lse=True, backend="triton", causal=False)
+    o_ref, lse_ref = softmax_attention_reference(q, k, v, scale=32 ** -0.5, causal=False)
     assert o.shape == (1, 2, 20, 16)
     assert rel_rms(o, o_ref) < TOL[torch.float32] and rel_rms(lse, lse_ref) < TOL[torch.float32]
 
@@ -119,13 +119,13 @@ def test_length_one_and_empty_batch():
     q, k, v = _qkv(1, 1, 1, 8)
     assert torch.allclose(attnlib.softmax_attention(q, k, v, causal=True), v)
     q, k, v = _qkv(0, 2, 5, 8)
-    o, lse = attnlib.softmax_attention(q, k, v, return_lse=True)
+    o, lse = attnlib.softmax_attention(q, k, v, return_lse=True, causal=False)
     assert o.shape == (0, 2, 5, 8) and lse.shape == (0, 2, 5)
 
 
 def test_reference_fp16_with_huge_logits_is_finite():
     q, k, v = _qkv(1, 1, 8, 4, torch.float16)
-    o = attnlib.softmax_attention(q * 100, k * 100, v, scale=1.0, backend="torch")
+    o = attnlib.softmax_attention(q * 100, k * 100, v, scale=1.0, backend="torch", causal=False)
     assert torch.isfinite(o).all()
 
 
@@ -139,18 +139,18 @@ def test_reference_fp16_with_huge_logits_is_finite():
     (dict(scale=0.0), ValueError, r"scale must be a finite number > 0; got 0.0"),
     (dict(scale=float("nan")), ValueError, r"scale must be a finite number > 0"),
     (dict(backend="cuda"), ValueError, r"backend must be one of"),
-    (dict(deterministic=1), TypeError, r"deterministic must be a bool; got int"),
-    (dict(causal="yes"), TypeError, r"causal must be a bool; got str"),
+    (dict(deterministic=1), TypeError, r"deterministic must be a bool \(True or False\); got int 1"),
+    (dict(causal="yes"), TypeError, r"causal must be a bool \(True or False\); got str 'yes'"),
     (dict(causal=True, k=torch.randn(2, 4, 12, 32), v=torch.randn(2, 4, 12, 32)), ValueError,
      r"causal attention needs as many queries as keys"),
     (dict(k=torch.randn(2, 4, 0, 32), v=torch.randn(2, 4, 0, 32)), ValueError, r"empty set of keys"),
 ])
 def test_bad_inputs_raise_clear_errors(bad, err, match):
-    args = dict(q=torch.randn(2, 4, 10, 32), k=torch.randn(2, 4, 10, 32), v=torch.randn(2, 4, 10, 32))
+    args = dict(causal=False, q=torch.randn(2, 4, 10, 32), k=torch.randn(2, 4, 10, 32), v=torch.randn(2, 4, 10, 32))
     kw = {k: bad.pop(k) for k in list(bad) if k not in args}
     args.update(bad)
     with pytest.raises(err, match=match):
-        attnlib.softmax_attention(args["q"], args["k"], args["v"], **kw)
+        attnlib.softmax_attention(args["q"], args["k"], args["v"], causal=args["causal"], **kw)
 
 
 def test_triton_on_cpu_without_interpreter_says_how_to_enable_it(monkeypatch):
@@ -164,4 +164,4 @@ def test_triton_kernel_refuses_float64():
         pytest.skip("needs TRITON_INTERPRET=1 at import")
     q, k, v = _qkv(1, 1, 4, 16, torch.float64)
     with pytest.raises(TypeError, match="float64"):
-        attnlib.softmax_attention(q, k, v, backend="triton")
+        attnlib.softmax_attention(q, k, v, backend="triton", causal=False)

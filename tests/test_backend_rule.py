@@ -61,9 +61,9 @@ def test_every_op_answers_float64_with_auto(monkeypatch):
     q = torch.randn(1, 2, 20, 8, dtype=torch.float64)
     beta = torch.rand(1, 2, 20, dtype=torch.float64)
     mask = torch.ones(2, 2, 2, dtype=torch.bool)
-    assert attnlib.softmax_attention(q, q, q).dtype == torch.float64
-    assert attnlib.block_sparse_attention(q, q, q, mask, block_size=16).dtype == torch.float64
-    assert attnlib.linear_attention(q, q, q, mode="recurrent").dtype == torch.float64
+    assert attnlib.softmax_attention(q, q, q, causal=False).dtype == torch.float64
+    assert attnlib.block_sparse_attention(q, q, q, mask, block_size=16, causal=False).dtype == torch.float64
+    assert attnlib.linear_attention(q, q, q, mode="recurrent", causal=True).dtype == torch.float64
     assert attnlib.delta_rule(q, q, q, beta, mode="parallel").dtype == torch.float64
 
 

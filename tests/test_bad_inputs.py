@@ -12,10 +12,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import attnlib
-from attnlib import _numerics, _validate, deltanet, eot, linear, needle
+from attnlib import _numerics, _validate, deltanet, eot, linear
 from attnlib import anna as anna_module
 from attnlib import attention as attention_module
 from attnlib import sparse as sparse_module
+from attnlib.experiments import needle
 from attnlib.metrics import rel_rms
 
 F64 = torch.float64
@@ -98,7 +99,7 @@ def test_float32_solvers_stop_at_the_rounding_floor_instead_of_running_max_iter(
     (lambda: eot.solve_one_sided(torch.zeros(2, 2), 1.0, max_iter=True), TypeError, "max_iter must be an int"),
     (lambda: eot.solve_one_sided(torch.zeros(2, 2), 1.0, max_iter=0), ValueError, "max_iter must be >= 1"),
     (lambda: eot.solve_one_sided(torch.zeros(2, 2), 1.0, return_history=1), TypeError, "return_history"),
-    (lambda: eot.sinkhorn(torch.zeros(2, 2), 1.0, n_iter=True), TypeError, "n_iter must be an int"),
+    (lambda: eot.sinkhorn(torch.zeros(2, 2), 1.0, max_iter=True), TypeError, "max_iter must be an int"),
     (lambda: eot.sinkhorn(torch.zeros(2, 2), 1.0, tol=0.0), ValueError, "tol must be"),
     (lambda: eot.entropy(torch.tensor([[0.5, -0.5]])), ValueError, "P has negative entries"),
     (lambda: eot.objective(torch.tensor([[1.5, -0.5]]), torch.zeros(1, 2), 1.0), ValueError, "negative"),
@@ -169,7 +170,7 @@ def _every_op(q, beta, mask):
         attnlib.anna_attention(q, q, q, n_tables=2, n_bits=3, causal=causal, backend="torch")
     attnlib.block_sparse_attention(q, q, q, mask, block_size=16, causal=True, backend="torch")
     for mode in linear.MODES:
-        attnlib.linear_attention(q, q, q, mode=mode, backend="torch")
+        attnlib.linear_attention(q, q, q, mode=mode, backend="torch", causal=True)
     for mode in deltanet.MODES:
         attnlib.delta_rule(q, q, q, beta, g=beta, mode=mode, backend="torch")
     attnlib.linear_attention_decode_step(q[:, :, one], q[:, :, one], q[:, :, one])
@@ -188,7 +189,7 @@ def test_value_checks_off_the_cpu_run_on_request(monkeypatch):
     with pytest.raises(RuntimeError, match="meta"):                   # it tried to read beta's values
         attnlib.delta_rule(q, q, q, beta, backend="torch")
     with pytest.raises(RuntimeError, match="meta"):                   # it tried to read q's values
-        attnlib.anna_attention(q, q, q, n_tables=2, n_bits=3, backend="torch")
+        attnlib.anna_attention(q, q, q, n_tables=2, n_bits=3, backend="torch", causal=False)
 
 
 def test_value_checks_on_the_cpu_still_refuse_bad_gates():
@@ -205,7 +206,7 @@ def test_value_checks_on_the_cpu_still_refuse_bad_gates():
 @pytest.mark.parametrize("mode", linear.MODES)
 def test_final_state_of_an_empty_linear_sequence_is_a_copy_not_the_initial_state(mode):
     e, S0 = torch.empty(1, 2, 0, 4, dtype=F64), _rand(1, 2, 4, 4)
-    _, S = attnlib.linear_attention(e, e, e, mode=mode, initial_state=S0, output_final_state=True)
+    _, S = attnlib.linear_attention(e, e, e, mode=mode, initial_state=S0, output_final_state=True, causal=True)
     assert torch.equal(S, S0) and S.data_ptr() != S0.data_ptr()
 
 
@@ -227,24 +228,25 @@ def test_both_decode_steps_take_and_return_one_token_shaped_like_their_full_ops(
     o_lin, o_del, S_lin, S_del = [], [], None, None
     for t in range(T):
         one = slice(t, t + 1)
-        o, S_lin = attnlib.linear_attention_decode_step(q[:, :, one], k[:, :, one], v[:, :, one], S_lin)
+        o, S_lin = attnlib.linear_attention_decode_step(q[:, :, one], k[:, :, one], v[:, :, one], initial_state=S_lin)
         assert o.shape == (B, H, 1, Dv)
         o_lin.append(o)
-        o, S_del = attnlib.delta_rule_decode_step(q[:, :, one], k[:, :, one], v[:, :, one], beta[:, :, one], S_del)
+        o, S_del = attnlib.delta_rule_decode_step(q[:, :, one], k[:, :, one], v[:, :, one], beta[:, :, one],
+                                                  initial_state=S_del)
         assert o.shape == (B, H, 1, Dv)
         o_del.append(o)
-    assert rel_err(torch.cat(o_lin, 2), attnlib.linear_attention(q, k, v, mode="recurrent")) < 1e-12
+    assert rel_err(torch.cat(o_lin, 2), attnlib.linear_attention(q, k, v, mode="recurrent", causal=True)) < 1e-12
     assert rel_err(torch.cat(o_del, 2), attnlib.delta_rule(q, k, v, beta, mode="recurrent")) < 1e-12
 
 
 def test_delta_decode_step_errors_name_state_and_one_token():
     q, beta = _rand(1, 2, 1, 4), torch.full((1, 2, 1), 0.5, dtype=F64)
     with pytest.raises(ValueError, match=r"state has shape \(1, 2, 3, 4\); expected \(1, 2, 4, 4\)"):
-        attnlib.delta_rule_decode_step(q, q, q, beta, torch.zeros(1, 2, 3, 4, dtype=F64))
+        attnlib.delta_rule_decode_step(q, q, q, beta, initial_state=torch.zeros(1, 2, 3, 4, dtype=F64))
     with pytest.raises(TypeError, match="state has dtype float32; expected float64"):
-        attnlib.delta_rule_decode_step(q, q, q, beta, torch.zeros(1, 2, 4, 4))
+        attnlib.delta_rule_decode_step(q, q, q, beta, initial_state=torch.zeros(1, 2, 4, 4))
     with pytest.raises(TypeError, match="state must be a torch.Tensor"):
-        attnlib.delta_rule_decode_step(q, q, q, beta, [[0.0]])
+        attnlib.delta_rule_decode_step(q, q, q, beta, initial_state=[[0.0]])
     q3, beta3 = _rand(1, 2, 3, 4), torch.full((1, 2, 3), 0.5, dtype=F64)
     with pytest.raises(ValueError, match="the decode step takes one token"):
         attnlib.delta_rule_decode_step(q3, q3, q3, beta3)
@@ -272,8 +274,8 @@ def test_both_chunk_references_accept_the_same_chunk_sizes(chunk_size, rel_err):
     q = _rand(1, 1, 9, 4)
     k = torch.nn.functional.normalize(q, dim=-1)
     beta = torch.full((1, 1, 9), 0.5, dtype=F64)
-    assert rel_err(attnlib.linear_attention(q, k, q, chunk_size=chunk_size),
-                   attnlib.linear_attention(q, k, q, mode="recurrent")) < 1e-12
+    assert rel_err(attnlib.linear_attention(q, k, q, chunk_size=chunk_size, causal=True),
+                   attnlib.linear_attention(q, k, q, mode="recurrent", causal=True)) < 1e-12
     assert rel_err(attnlib.delta_rule(q, k, q, beta, chunk_size=chunk_size),
                    attnlib.delta_rule(q, k, q, beta, mode="recurrent")) < 1e-12
 
@@ -283,7 +285,7 @@ def test_both_ops_refuse_the_same_chunk_sizes_with_the_same_message(chunk_size):
     q = _rand(1, 1, 9, 4)
     msg = rf"chunk_size must be a power of two in \[1, 4096\]; got {chunk_size}"
     with pytest.raises(ValueError, match=msg):
-        attnlib.linear_attention(q, q, q, chunk_size=chunk_size)
+        attnlib.linear_attention(q, q, q, chunk_size=chunk_size, causal=True)
     with pytest.raises(ValueError, match=msg):
         attnlib.delta_rule(q, q, q, torch.zeros(1, 1, 9, dtype=F64), chunk_size=chunk_size)
 
@@ -311,8 +313,10 @@ def test_ops_share_argument_names():
     lin, dlt = params(attnlib.linear_attention), params(attnlib.delta_rule)
     for name in ("q", "k", "v", "scale", "mode", "chunk_size", "initial_state", "output_final_state", "backend"):
         assert name in lin and name in dlt
-    assert params(attnlib.linear_attention_decode_step)[:4] == ["q", "k", "v", "state"]
-    assert params(attnlib.delta_rule_decode_step)[:5] == ["q", "k", "v", "beta", "state"]
+    # a decode step starts from the same initial_state, and returns the next one (tests/test_vocabulary.py
+    # checks every public signature)
+    assert "initial_state" in params(attnlib.linear_attention_decode_step)
+    assert "initial_state" in params(attnlib.delta_rule_decode_step)
 
 
 # ----------------------------------------------------------------------------- masked positions contribute nothing
@@ -359,7 +363,7 @@ def _causal_ops():
                                                                                 causal=True)}
     for mode in linear.MODES:
         ops[f"linear_{mode}"] = (lambda mode: lambda q, k, v, b, g: attnlib.linear_attention(
-            q, k, v, mode=mode, chunk_size=16))(mode)
+            q, k, v, mode=mode, chunk_size=16, causal=True))(mode)
         ops[f"delta_{mode}"] = (lambda mode: lambda q, k, v, b, g: deltanet.delta_rule(
             q, k, v, b, g=g, mode=mode, chunk_size=16, backend="torch"))(mode)
     return ops, (q, k, v, beta, g)
@@ -385,8 +389,8 @@ def test_block_sparse_reference_does_not_leak_from_blocks_it_never_visits():
     q, k, v = _rand(1, 1, 40, 4, seed=7), _rand(1, 1, 40, 4, seed=8), _rand(1, 1, 40, 4, seed=9)
     mask = torch.tensor([[[1, 0, 0], [1, 1, 0], [1, 1, 1]]], dtype=torch.bool)     # block 2 seen by rows 32+
     kb, vb = _with_junk_at(40, 35, float("nan"), k, v)
-    o = attnlib.block_sparse_attention(q, kb, vb, mask, block_size=16, backend="torch")
-    clean = attnlib.block_sparse_attention(q, k, v, mask, block_size=16, backend="torch")
+    o = attnlib.block_sparse_attention(q, kb, vb, mask, block_size=16, backend="torch", causal=False)
+    clean = attnlib.block_sparse_attention(q, k, v, mask, block_size=16, backend="torch", causal=False)
     assert torch.equal(o[:, :, :32], clean[:, :, :32])
 
 
@@ -404,7 +408,7 @@ def test_kernels_keep_junk_out_of_the_blocks_and_chunks_before_it():
         "softmax": attnlib.softmax_attention(q, kb, vb, causal=True, backend="triton"),
         "block_sparse": attnlib.block_sparse_attention(q, kb, vb, torch.ones(1, 10, 10, dtype=torch.bool).tril(),
                                                        block_size=16, causal=True, backend="triton"),
-        "linear": attnlib.linear_attention(q, kb, vb, chunk_size=16, backend="triton"),
+        "linear": attnlib.linear_attention(q, kb, vb, chunk_size=16, backend="triton", causal=True),
         "delta": attnlib.delta_rule(q, kb, vb, beta, chunk_size=16, backend="triton"),
     }
     for name, o in outs.items():
@@ -417,7 +421,7 @@ _Q = torch.zeros(1, 1, 4, 3)
 
 
 @pytest.mark.parametrize("call, err, match", [
-    (lambda: attnlib.anna_attention(_Q, _Q, _Q, n_tables=2, n_bits=3, return_weights="no"), TypeError,
+    (lambda: attnlib.anna_attention(_Q, _Q, _Q, n_tables=2, n_bits=3, return_weights="no", causal=False), TypeError,
      "return_weights must be a bool .*got str 'no'"),
     (lambda: attnlib.anna_attention(_Q, _Q, _Q, n_tables=2, n_bits=3, causal=1), TypeError, "causal must be a bool"),
     (lambda: anna_module.simhash_collision_probability(3.5), ValueError, r"theta must lie in \[0, pi\].*3.5"),
@@ -448,9 +452,9 @@ def test_anna_probability_helpers_at_the_ends_of_their_ranges():
 def test_anna_allows_no_keys_where_softmax_refuses_them():
     """``Tk == 0`` is an empty row for ANNA (output 0) and undefined for softmax: one check, two answers."""
     q, e = torch.zeros(1, 1, 3, 4), torch.zeros(1, 1, 0, 4)
-    assert torch.equal(attnlib.anna_attention(q, e, e, n_tables=1, n_bits=2), torch.zeros(1, 1, 3, 4))
+    assert torch.equal(attnlib.anna_attention(q, e, e, n_tables=1, n_bits=2, causal=False), torch.zeros(1, 1, 3, 4))
     with pytest.raises(ValueError, match="expected at least one key"):
-        attnlib.softmax_attention(q, e, e)
+        attnlib.softmax_attention(q, e, e, causal=False)
 
 
 # ----------------------------------------------------------------------------- one measure
@@ -487,7 +491,7 @@ def test_masked_references_keep_exact_gradients():
     }
     for mode in linear.MODES:
         checks[f"linear_{mode}"] = ((lambda m: lambda q, k, v: attnlib.linear_attention(
-            q, k, v, mode=m, chunk_size=2))(mode), (q, k, v))
+            q, k, v, mode=m, chunk_size=2, causal=True))(mode), (q, k, v))
         checks[f"delta_{mode}"] = ((lambda m: lambda q, k, v, b, g: attnlib.delta_rule(
             q, torch.nn.functional.normalize(k, dim=-1), v, b, g=g, mode=m, chunk_size=2))(mode), (q, k, v, beta, g))
     for name, (fn, inputs) in checks.items():

@@ -1,5 +1,6 @@
 """The book's bibliography: author-year labels that tell every entry apart, and titles without TeX."""
 
+import importlib.util
 import re
 import sys
 from pathlib import Path
@@ -17,8 +18,12 @@ BIBFILES = yaml.safe_load((ROOT / "_config.yml").read_text())["bibtex_bibfiles"]
 
 @pytest.fixture(scope="module")
 def labels():
-    sys.path.insert(0, str(ROOT / "book" / "_ext"))
-    import author_year_bib
+    # book/_ext is Sphinx's extension folder, not a package: load the extension by its path (registered
+    # before it runs, as an import would: its dataclasses look their module up)
+    spec = importlib.util.spec_from_file_location("author_year_bib", ROOT / "book" / "_ext" / "author_year_bib.py")
+    author_year_bib = importlib.util.module_from_spec(spec)
+    sys.modules["author_year_bib"] = author_year_bib
+    spec.loader.exec_module(author_year_bib)
 
     class App:
         srcdir = ROOT

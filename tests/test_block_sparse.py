@@ -32,8 +32,8 @@ def _mask(H, T, bs, density, seed=0, diag=True):
 def test_full_mask_equals_dense_softmax_attention(rel_err):
     q, k, v = _inputs(2, 2, 37, 8)
     full = torch.ones(2, n_blocks(37, 16), n_blocks(37, 16), dtype=torch.bool)
-    o = block_sparse_attention(q, k, v, full, block_size=16, backend="torch")
-    assert rel_err(o, softmax_attention(q, k, v, backend="torch")) < 1e-6
+    o = block_sparse_attention(q, k, v, full, block_size=16, backend="torch", causal=False)
+    assert rel_err(o, softmax_attention(q, k, v, backend="torch", causal=False)) < 1e-6
 
 
 def test_reference_equals_dense_with_minus_inf_outside_the_visited_set(rel_err):
@@ -42,7 +42,7 @@ def test_reference_equals_dense_with_minus_inf_outside_the_visited_set(rel_err):
     keep = expand_block_mask(bm, 8, 45, 45)
     s = (q @ k.transpose(-1, -2)) / math.sqrt(8)
     want = torch.softmax(s.masked_fill(~keep, float("-inf")), -1) @ v
-    o = block_sparse_attention(q, k, v, bm, block_size=8, backend="torch")
+    o = block_sparse_attention(q, k, v, bm, block_size=8, backend="torch", causal=False)
     assert rel_err(o, want) < 1e-6
 
 
@@ -63,8 +63,8 @@ def test_kernel_matches_reference_on_odd_lengths(T, D, causal, rel_err):
 def test_kernel_matches_reference_in_fp16(rel_err):
     q, k, v = _inputs(1, 2, 40, 16, dtype=torch.float16)
     bm = _mask(2, 40, 16, 0.5)
-    o_ref = block_sparse_attention(q, k, v, bm, block_size=16, backend="torch")
-    o_tri = block_sparse_attention(q, k, v, bm, block_size=16, backend="triton")
+    o_ref = block_sparse_attention(q, k, v, bm, block_size=16, backend="torch", causal=False)
+    o_tri = block_sparse_attention(q, k, v, bm, block_size=16, backend="triton", causal=False)
     assert rel_err(o_tri, o_ref) < 3e-3
 
 
@@ -83,7 +83,7 @@ def test_rows_with_no_visited_key_give_zeros_and_minus_inf_lse(backend):
     q, k, v = _inputs(1, 1, 40, 16)
     bm = torch.zeros(1, 3, 3, dtype=torch.bool)
     bm[0, 0, 1] = True                       # only query block 0 visits anything
-    o, lse = block_sparse_attention(q, k, v, bm, block_size=16, return_lse=True, backend=backend)
+    o, lse = block_sparse_attention(q, k, v, bm, block_size=16, return_lse=True, backend=backend, causal=False)
     assert not torch.isnan(o).any() and not torch.isnan(lse).any()
     assert torch.all(o[..., 16:, :] == 0)
     assert torch.all(torch.isneginf(lse[..., 16:]))
@@ -110,7 +110,7 @@ def test_huge_scores_stay_finite(dtype, backend):
     k[0, 0, 30, 0] = 100.0                   # scale 1: score 1e4
     v = torch.eye(T, dtype=dtype)[None, None]
     bm = torch.ones(1, 3, 3, dtype=torch.bool)
-    o = block_sparse_attention(q, k, v, bm, block_size=16, scale=1.0, backend=backend)
+    o = block_sparse_attention(q, k, v, bm, block_size=16, scale=1.0, backend=backend, causal=False)
     assert torch.isfinite(o).all()
     assert o[0, 0, 5, 30].item() == pytest.approx(1.0, abs=1e-3)
 
@@ -119,20 +119,20 @@ def test_bad_block_masks_and_block_sizes_raise_clear_errors():
     q, k, v = _inputs(1, 2, 40, 8)
     good = torch.ones(2, 3, 3, dtype=torch.bool)
     with pytest.raises(ValueError, match=r"block_mask has shape \(2, 2, 2\); expected \(2, 3, 3\)"):
-        block_sparse_attention(q, k, v, good[:, :2, :2], block_size=16)
+        block_sparse_attention(q, k, v, good[:, :2, :2], block_size=16, causal=False)
     with pytest.raises(TypeError, match="block_mask has dtype float32; expected bool"):
-        block_sparse_attention(q, k, v, good.float(), block_size=16)
+        block_sparse_attention(q, k, v, good.float(), block_size=16, causal=False)
     with pytest.raises(TypeError, match="block_mask must be a torch.Tensor"):
-        block_sparse_attention(q, k, v, [[True]], block_size=16)
+        block_sparse_attention(q, k, v, [[True]], block_size=16, causal=False)
     with pytest.raises(ValueError, match="block_size must be a power of two"):
-        block_sparse_attention(q, k, v, good, block_size=12)
+        block_sparse_attention(q, k, v, good, block_size=12, causal=False)
     with pytest.raises(TypeError, match="block_size must be an int"):
-        block_sparse_attention(q, k, v, good, block_size=16.0)
+        block_sparse_attention(q, k, v, good, block_size=16.0, causal=False)
     with pytest.raises(ValueError, match="block_size >= 16"):
         block_sparse_attention(q, k, v, torch.ones(2, 5, 5, dtype=torch.bool), block_size=8,
-                               backend="triton")
+                               backend="triton", causal=False)
     with pytest.raises(ValueError, match="backend must be one of"):
-        block_sparse_attention(q, k, v, good, block_size=16, backend="cuda")
+        block_sparse_attention(q, k, v, good, block_size=16, backend="cuda", causal=False)
 
 
 def test_kernel_skips_unvisited_blocks():
@@ -142,5 +142,5 @@ def test_kernel_skips_unvisited_blocks():
     v[..., 16:32, :] = float("nan")
     bm = torch.ones(1, 3, 3, dtype=torch.bool)
     bm[0, :, 1] = False
-    o = block_sparse_attention(q, k, v, bm, block_size=16, backend="triton")
+    o = block_sparse_attention(q, k, v, bm, block_size=16, backend="triton", causal=False)
     assert torch.isfinite(o).all()

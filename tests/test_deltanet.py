@@ -6,6 +6,7 @@ Tolerances (relative RMS): float64 torch modes 1e-12; float32 kernel 1e-5; float
 
 import math
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
@@ -90,7 +91,7 @@ def test_decode_steps_reproduce_the_sequence(rel_err):
     S, outs = None, []
     for t in range(12):
         one = slice(t, t + 1)
-        o_t, S = delta_rule_decode_step(q[:, :, one], k[:, :, one], v[:, :, one], beta[:, :, one], S,
+        o_t, S = delta_rule_decode_step(q[:, :, one], k[:, :, one], v[:, :, one], beta[:, :, one], initial_state=S,
                                         g=g[:, :, one])
         outs.append(o_t)
     assert rel_err(torch.cat(outs, 2), o_seq) < 1e-12 and rel_err(S, S_seq) < 1e-12
@@ -146,7 +147,7 @@ def test_huber_delta_rule_matches_delta_rule_for_small_errors_and_clips_large_on
     v_out = v.clone()
     v_out[:, :, 5] = 1e4                                   # one corrupted write
     _, S_sq = delta_rule_recurrent_reference(q, k, v_out, beta, scale=1.0)
-    _, S_hub = huber_delta_rule_recurrent(q, k, v_out, beta, delta=1.0, scale=1.0, return_state=True)
+    _, S_hub = huber_delta_rule_recurrent(q, k, v_out, beta, delta=1.0, scale=1.0, output_final_state=True)
     assert S_hub.norm() < 1e-2 * S_sq.norm()
 
 
@@ -251,7 +252,7 @@ def test_bad_inputs_raise_clear_errors():
         delta_rule(q, k, v, beta, chunk_size=48)
     with pytest.raises(ValueError, match=r"chunk_size must be a power of two in \[1, 4096\]; got 8192"):
         delta_rule(q, k, v, beta, chunk_size=8192)
-    with pytest.raises(ValueError, match=r"does not apply here: the kernel takes chunk_size in \[16, 64\]; got 128"):
+    with pytest.raises(ValueError, match=r"does not apply here: the kernel takes chunk_size in \(16, 32, 64\); got 1"):
         delta_rule(q.float(), k.float(), v.float(), beta.float(), chunk_size=128, backend="triton")
     with pytest.raises(ValueError, match="mode must be one of"):
         delta_rule(q, k, v, beta, mode="fast")
@@ -278,9 +279,40 @@ def test_length_one_and_empty_batch():
 # ------------------------------------------------------------------ the chapter's figures
 
 def test_stability_explorer_builds_and_responds():
+    from attnlib.experiments import deltanet as xd
     from attnlib.widgets import deltanet as wdn
-    box = wdn.stability_explorer(T=40, D=8)
+    box = wdn.stability_explorer(lambda b, n: xd.norm_history(b, n, T=40, D=8, seed=0))
     (b_slider, _n_slider), fig = box.children[0].children, box.children[1]
     before = list(fig.data[0].y)
     b_slider.value = 2.5
     assert list(fig.data[0].y) != before and "2.50" in fig.layout.title.text
+
+
+def test_delta_rule_implied_weights_match_su_and_turn_negative_on_non_negative_input():
+    from attnlib.deltanet import implied_weights
+    g = torch.Generator().manual_seed(1)
+    T = 10
+    q = torch.nn.functional.normalize(torch.rand(T, 5, generator=g, dtype=torch.float64), dim=-1)
+    k = torch.nn.functional.normalize(torch.rand(T, 5, generator=g, dtype=torch.float64), dim=-1)
+    W = implied_weights(q, k, 1.0).numpy()
+    su = (q @ k.T).tril() @ torch.linalg.inv(torch.eye(T, dtype=torch.float64) + (k @ k.T).tril(-1))
+    assert np.allclose(W, su.numpy(), atol=1e-12)
+    assert (q @ k.T).min() >= 0 and W.min() < 0                          # not a plan
+    with pytest.raises(ValueError, match="both be \\[T, D\\]"):
+        implied_weights(q, k[:5], 1.0)
+
+
+def test_gated_implied_weights_reach_deltanet_and_the_diagonal_at_the_gate_limits():
+    from attnlib import deltanet
+    g = torch.Generator().manual_seed(3)
+    q, k = (torch.nn.functional.normalize(torch.randn(9, 4, generator=g, dtype=torch.float64), dim=-1)
+            for _ in range(2))
+    assert torch.allclose(deltanet.implied_weights(q, k, 0.7, 0.0), deltanet.implied_weights(q, k, 0.7))
+    tiny = deltanet.implied_weights(q, k, 0.7, np.log(1e-12))
+    assert torch.allclose(tiny, torch.diag(0.7 * (q * k).sum(1)), atol=1e-9)
+    # o = W v for any v: the weights are what the layer computes
+    v = torch.randn(1, 1, 9, 3, generator=g, dtype=torch.float64)
+    gate = torch.full((1, 1, 9), np.log(0.8), dtype=torch.float64)
+    o, _ = deltanet.delta_rule_recurrent_reference(q[None, None], k[None, None], v,
+                                                   torch.full((1, 1, 9), 0.7, dtype=torch.float64), gate, scale=1.0)
+    assert torch.allclose(deltanet.implied_weights(q, k, 0.7, np.log(0.8)) @ v[0, 0], o[0, 0])

@@ -3,10 +3,12 @@ recall experiment measures the crosstalk it predicts, and the timing helper retu
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
 from attnlib.experiments import linear as xl
+from attnlib.experiments._measure import count_flops
 from attnlib.experiments.recall import associative_recall
 
 
@@ -90,4 +92,49 @@ def test_cost_model_recovers_its_own_law():
 
 def test_count_flops_counts_a_matmul_as_2mnk():
     a, b = torch.zeros(3, 5), torch.zeros(5, 7)
-    assert xl.count_flops(lambda: a @ b) == 2 * 3 * 5 * 7
+    assert count_flops(lambda: a @ b) == 2 * 3 * 5 * 7
+
+
+def test_normalised_linear_attention_weights_are_a_plan_only_with_positive_features():
+    from attnlib.experiments.weights import linear_attention_weights
+    g = torch.Generator().manual_seed(0)
+    q, k = (0.5 * torch.randn(12, 6, generator=g, dtype=torch.float64) for _ in range(2))
+    for fm in ("elu1", "favor+"):
+        W = linear_attention_weights(q, k, feature_map=fm).numpy()
+        assert np.allclose(W.sum(1), 1, atol=1e-4) and W.min() >= 0
+        assert np.allclose(np.triu(W, 1), 0)                              # causal
+    W_id = linear_attention_weights(q, k).numpy()
+    assert np.allclose(W_id.sum(1), 1, atol=1e-3) and W_id.min() < 0
+    # the weights are what the library computes: W @ V equals the output for any V
+    from attnlib import linear_attention
+    v = torch.randn(1, 1, 12, 3, generator=g, dtype=torch.float64)
+    o = linear_attention(q[None, None], k[None, None], v, scale=1.0, feature_map="elu1", normalize=True, causal=True)
+    assert np.allclose(linear_attention_weights(q, k, feature_map="elu1") @ v[0, 0], o[0, 0])
+
+
+def _tiny_report():
+    """A report in the shape scripts/kernel_report.py writes, two shapes, made up here."""
+    def ln(phase, kernel, nbytes, programs=None):
+        return {"phase": phase, "kind": "triton", "kernel": kernel, "bytes": nbytes, "programs": programs}
+    launches = {
+        "attnlib|linear|1x2x64x16|sm_90": {"launches": [ln("fwd", "a_fwd", 640, 4), ln("bwd", "a_bwd", 1280, 8)]},
+        "fla|linear|1x2x64x16|sm_90": {"launches": [ln("fwd", "f1", 512), ln("fwd", "f2", 512), ln("bwd", "f3", 2048)]},
+        "attnlib|linear|2x2x32x16|sm_90": {"launches": [ln("fwd", "a_fwd", 640), ln("bwd", "a_bwd", 1280)]},
+        "fla|linear|2x2x32x16|sm_90": {"launches": [ln("fwd", "f1", 1024), ln("bwd", "f3", 2048)]},
+    }
+    rows = [{"op": "linear", "target": "sm_90", "pass": "fwd", "shape": {"B": 1, "H": 2, "T": 64, "D": 16},
+             "attnlib": {"bytes": 640}, "anchor": {"name": "fla", "bytes": 1024}, "ratio": 0.625}]
+    return {"launches": launches, "rows": rows, "shapes": ["1x2x64x16", "2x2x32x16"], "ops": ["linear"]}
+
+
+def test_launch_bytes_are_read_per_launch_and_per_pass():
+    from attnlib.experiments import kernels as xk
+
+    r = _tiny_report()
+    got = xk.launches(r, "fla", "linear", "1x2x64x16")
+    assert [(x.phase, x.kernel, x.bytes) for x in got] == [("fwd", "f1", 512), ("fwd", "f2", 512), ("bwd", "f3", 2048)]
+    assert xk.pass_bytes(r, "fla", "linear", "1x2x64x16") == {"fwd": 1024, "bwd": 2048}
+    assert xk.ratio_rows(r, "linear") == [{"shape": "1x2x64x16", "pass": "fwd", "attnlib": 640, "anchor": 1024,
+                                           "ratio": 0.625, "anchor_name": "fla"}]
+    with pytest.raises(KeyError, match="no capture"):
+        xk.launches(r, "attnlib", "delta", "1x2x64x16")

@@ -91,8 +91,8 @@ def test_softmax_attention(dtype, causal, T, D):
 def test_softmax_attention_cross_lengths(dtype):
     q = _randn(1, 2, 37, 48, dtype=dtype, seed=1)
     k, v = _randn(1, 2, 301, 48, dtype=dtype, seed=2), _randn(1, 2, 301, 24, dtype=dtype, seed=3)
-    o = attnlib.softmax_attention(q, k, v, backend="triton")
-    o_ref, _ = softmax_attention_reference(q.double(), k.double(), v.double(), scale=48 ** -0.5)
+    o = attnlib.softmax_attention(q, k, v, backend="triton", causal=False)
+    o_ref, _ = softmax_attention_reference(q.double(), k.double(), v.double(), scale=48 ** -0.5, causal=False)
     _check("softmax_attention.cross", dtype, o, o_ref, Tq=37, Tk=301, D=48, Dv=24)
 
 
@@ -259,9 +259,9 @@ def test_linear_attention(dtype, T, D, Dv, causal, cs):
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_linear_attention_normalized_feature_map(dtype):
     q, k, v = (_randn(1, 2, 513, 32, dtype=dtype, seed=20 + i) for i in range(3))
-    o = attnlib.linear_attention(q, k, v, feature_map="elu1", normalize=True, backend="triton")
+    o = attnlib.linear_attention(q, k, v, feature_map="elu1", normalize=True, backend="triton", causal=True)
     o_ref = attnlib.linear_attention(q.double(), k.double(), v.double(), feature_map="elu1",
-                                     normalize=True, mode="recurrent", backend="torch")
+                                     normalize=True, mode="recurrent", backend="torch", causal=True)
     _check("linear_attention.elu1_normalized", dtype, o, o_ref, tol=CHUNKED_TOL[dtype], T=513, D=32)
 
 
@@ -354,12 +354,12 @@ def test_empty_batch_and_zero_length(dtype):
     for B, T in ((0, 16), (2, 0)):
         q, k, v = (torch.randn(B, 2, T, 32, device="cuda").to(dtype) for _ in range(3))
         beta = torch.ones(B, 2, T, device="cuda", dtype=dtype)
-        outs = [attnlib.linear_attention(q, k, v, backend="triton"),
+        outs = [attnlib.linear_attention(q, k, v, backend="triton", causal=True),
                 attnlib.delta_rule(q, k, v, beta, backend="triton")]
         if T:
-            outs.append(attnlib.softmax_attention(q, k, v, backend="triton"))
+            outs.append(attnlib.softmax_attention(q, k, v, backend="triton", causal=False))
             mask = torch.ones(2, 1, 1, dtype=torch.bool, device="cuda")
-            outs.append(attnlib.block_sparse_attention(q, k, v, mask, block_size=16, backend="triton"))
+            outs.append(attnlib.block_sparse_attention(q, k, v, mask, block_size=16, backend="triton", causal=False))
         for o in outs:
             assert o.shape == (B, 2, T, 32) and o.dtype == dtype
 
@@ -367,7 +367,8 @@ def test_empty_batch_and_zero_length(dtype):
 def test_auto_backend_picks_the_kernel_on_cuda():
     from attnlib._backend import choose_backend
     assert choose_backend("auto", torch.zeros(1, device="cuda")) == "triton"
-    assert math.isfinite(float(attnlib.softmax_attention(*(torch.randn(1, 1, 3, 8, device="cuda"),) * 3).sum()))
+    assert math.isfinite(float(attnlib.softmax_attention(*(torch.randn(1, 1, 3, 8, device="cuda"),) * 3,
+                                                         causal=False).sum()))
 
 
 # ---------------------------------------------------------------------------- chapter 5: ANNA
@@ -401,19 +402,19 @@ def test_anna_crosspolytope_kernel_matches_reference(dtype, causal):
 # ---------------------------------------------------------------------------- grassmann (chapter 6)
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("L,r,d", [(1, 32, 256), (300, 32, 256), (1000, 6, 100), (257, 17, 64)])
-def test_grassmann_fused_projection(dtype, L, r, d):
+@pytest.mark.parametrize("T,r,d", [(1, 32, 256), (300, 32, 256), (1000, 6, 100), (257, 17, 64)])
+def test_grassmann_fused_projection(dtype, T, r, d):
     from attnlib.grassmann import n_pairs, plucker_projection_reference
-    g = torch.Generator(device="cuda").manual_seed(L + r)
-    z = torch.randn(2, L, r, device="cuda", generator=g).to(dtype)
+    g = torch.Generator(device="cuda").manual_seed(T + r)
+    z = torch.randn(2, T, r, device="cuda", generator=g).to(dtype)
     W = (torch.randn(d, n_pairs(r), device="cuda", generator=g) / n_pairs(r) ** 0.5).to(dtype)
     offsets = (1, 2, 4, 8, 12, 16)
     out = attnlib.plucker_projection(z, W, offsets, backend="triton")
     ref = plucker_projection_reference(z.double(), W.double(), offsets)
-    if L == 1:
+    if T == 1:
         assert torch.equal(out, torch.zeros_like(out))
         return
-    _check("plucker_projection", dtype, out, ref, L=L, r=r, d=d)
+    _check("plucker_projection", dtype, out, ref, T=T, r=r, d=d)
 
 
 def test_grassmann_fused_projection_backward():
@@ -426,7 +427,7 @@ def test_grassmann_fused_projection_backward():
         out = attnlib.plucker_projection(z, W, (1, 2, 4, 8, 12, 16), backend=backend)
         grads.append(torch.autograd.grad(out.square().sum(), (z, W)))
     for a, b in zip(*grads):
-        _check("plucker_projection.grad", torch.float32, a, b, L=500, r=32, d=256)
+        _check("plucker_projection.grad", torch.float32, a, b, T=500, r=32, d=256)
 
 
 # ---------------------------------------------------------------------------- top-k attention (chapter 7)
@@ -476,11 +477,11 @@ def test_topk_attention_auto_takes_the_kernels_and_leaks_nothing_from_unselected
     q, k, v = (_randn(1, 2, 500, 64, dtype=torch.bfloat16, seed=s) for s in (1, 2, 3))
     iq, ik, iw = (_randn(*s, dtype=torch.bfloat16, seed=4 + i) for i, s in
                   enumerate([(1, 4, 500, 64), (1, 1, 500, 64), (1, 4, 500)]))
-    o, idx = attnlib.topk_attention(q, k, v, iq, ik, iw, top_k=16, return_indices=True)
-    ref = attnlib.topk_attention(q, k, v, iq, ik, iw, top_k=16, backend="torch")
+    o, idx = attnlib.topk_attention(q, k, v, iq, ik, iw, top_k=16, return_indices=True, causal=True)
+    ref = attnlib.topk_attention(q, k, v, iq, ik, iw, top_k=16, backend="torch", causal=True)
     chosen = selection_mask(idx, 500).any(dim=2)[0, 0]            # keys some query selected
     kp, vp = k.clone(), v.clone()
     kp[:, :, ~chosen], vp[:, :, ~chosen] = float("nan"), float("inf")
-    o_poisoned = attnlib.topk_attention(q, kp, vp, iq, ik, iw, top_k=16)
+    o_poisoned = attnlib.topk_attention(q, kp, vp, iq, ik, iw, top_k=16, causal=True)
     assert torch.equal(o, o_poisoned) and (~chosen).any()
     _check("topk_attention.auto", torch.bfloat16, o, ref.double(), T=500, D=64, top_k=16)

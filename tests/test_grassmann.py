@@ -215,9 +215,9 @@ def test_projection_reference_averages_over_valid_offsets():
 @FAST
 @given(st.integers(1, 12), st.integers(2, 6), st.lists(st.integers(1, 14), min_size=1, max_size=4, unique=True),
        st.sampled_from(["causal", "paper"]), seeds)
-def test_collapsed_order_equals_the_reference_values_and_gradients(L, r, offsets, pairing, seed):
+def test_collapsed_order_equals_the_reference_values_and_gradients(T, r, offsets, pairing, seed):
     g = torch.Generator().manual_seed(seed)
-    z = torch.randn(2, L, r, generator=g, dtype=F64, requires_grad=True)
+    z = torch.randn(2, T, r, generator=g, dtype=F64, requires_grad=True)
     W = torch.randn(5, n_pairs(r), generator=g, dtype=F64, requires_grad=True)
     a = plucker_projection_reference(z, W, offsets, pairing=pairing)
     b = plucker_projection_collapsed(z, W, offsets, pairing=pairing)
@@ -228,7 +228,7 @@ def test_collapsed_order_equals_the_reference_values_and_gradients(L, r, offsets
     # (e.g. 1.6e-8 on a z-gradient whose true value is 0, at condition 4e3). A wrong gradient is off by
     # O(|W| |dg|); the tolerance grows with the condition squared, far below that.
     with torch.no_grad():
-        norms = [plucker(z[:, d:], z[:, :-d]).norm(dim=-1) for d in offsets if d < L]
+        norms = [plucker(z[:, d:], z[:, :-d]).norm(dim=-1) for d in offsets if d < T]
         cond = (z.norm(dim=-1).max() ** 2 / torch.cat([n.flatten() for n in norms]).min()).item() if norms else 1.0
     tol = 1e-8 + 1e-12 * cond ** 2 * W.abs().max().item() * dg.abs().max().item()
     for x, y in zip(torch.autograd.grad(a, (z, W), dg), torch.autograd.grad(b, (z, W), dg)):
@@ -331,10 +331,10 @@ def test_reduced_precision_inputs_keep_their_dtype(dtype):
 
 # --------------------------------------------------------------------------------------- causality
 
-def _later_token_changes_earlier_output(pairing, t_change=10, L=16):
+def _later_token_changes_earlier_output(pairing, t_change=10, T=16):
     torch.manual_seed(0)
     layer = CausalGrassmannMixing(16, reduced_dim=4, offsets=(1, 2, 4), pairing=pairing).double()
-    h = torch.randn(1, L, 16, dtype=F64)
+    h = torch.randn(1, T, 16, dtype=F64)
     h2 = h.clone()
     h2[0, t_change] += 1.0
     with torch.no_grad():
@@ -354,14 +354,14 @@ def test_the_papers_pairing_leaks_the_future():
 
 @FAST
 @given(st.integers(2, 20), seeds)
-def test_causal_layer_output_at_t_is_independent_of_every_later_token(L, seed):
+def test_causal_layer_output_at_t_is_independent_of_every_later_token(T, seed):
     g = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)
     layer = CausalGrassmannMixing(8, reduced_dim=3, offsets=(1, 3), norm="pre").double()
-    h = torch.randn(1, L, 8, generator=g, dtype=F64)
-    t = int(torch.randint(0, L, (1,), generator=g))
+    h = torch.randn(1, T, 8, generator=g, dtype=F64)
+    t = int(torch.randint(0, T, (1,), generator=g))
     h2 = h.clone()
-    h2[0, t:] = torch.randn(L - t, 8, generator=g, dtype=F64)
+    h2[0, t:] = torch.randn(T - t, 8, generator=g, dtype=F64)
     with torch.no_grad():
         assert torch.equal(layer(h)[0, :t], layer(h2)[0, :t])
 
@@ -446,8 +446,8 @@ def test_bad_shapes_and_dtypes_are_refused():
         plucker_projection(torch.randn(1, 4, 3), torch.randn(5, 3, dtype=F64), (1,))
     with pytest.raises(ValueError, match="d_model=8"):
         CausalGrassmannMixing(8, reduced_dim=3)(torch.randn(1, 4, 9))
-    with pytest.raises(ValueError, match="eps"):
-        plucker_features(torch.randn(1, 4, 3), (1,), eps=0.0)
+    with pytest.raises(ValueError, match="norm_floor"):
+        plucker_features(torch.randn(1, 4, 3), (1,), norm_floor=0.0)
     with pytest.raises(ValueError, match="pairing"):
         plucker_features(torch.randn(1, 4, 3), (1,), pairing="future")
     with pytest.raises(ValueError, match="norm"):
@@ -476,24 +476,27 @@ def test_empty_batch_and_length_zero():
 # ---------------------------------------------------------------------------------------- figures
 
 def test_figures_build_with_a_frame_per_r_and_offset():
+    from attnlib.experiments.grassmann import pair_plane, planes_in_r3, plucker_feature_maps
     from attnlib.widgets.grassmann import features_figure, pair_figure, planes_figure
-    fig = planes_figure([(np.array([1.0, 0, 0]), np.array([0, 1.0, 0]))])
+    fig = planes_figure(planes_in_r3([(np.array([1.0, 0, 0]), np.array([0, 1.0, 0]))]))
     assert "p = (1.00, 0.00, 0.00)" in fig.layout.title.text              # e0 ^ e1: only p_01
     z = torch.randn(12, 5, dtype=F64)
-    fig = features_figure(z, [3, 5], [1, 4])
+    fig = features_figure(plucker_feature_maps(z, [3, 5], [1, 4]))
     assert len(fig.frames) == 4 and len(fig.layout.sliders[0].steps) == 4
     assert np.allclose(np.asarray(fig.frames[1].data[0].z)[:4], 0)         # delta = 4: no partner for t < 4
     layer = CausalGrassmannMixing(8, reduced_dim=4, offsets=(1, 2))
-    fig = pair_figure(layer, torch.randn(1, 6, 8), 5, 2)
+    fig = pair_figure(pair_plane(layer, torch.randn(1, 6, 8), 5, 2))
     assert len(fig.data) == 6
     with pytest.raises(ValueError, match="no partner"):
-        pair_figure(layer, torch.randn(1, 6, 8), 1, 2)
+        pair_plane(layer, torch.randn(1, 6, 8), 1, 2)
 
 
 def test_pair_explorer_builds_with_a_slider_and_an_offset_menu():
     pytest.importorskip("ipywidgets")
+    from attnlib.experiments.grassmann import pair_plane
     from attnlib.widgets.grassmann import pair_explorer
-    box = pair_explorer(CausalGrassmannMixing(8, reduced_dim=3, offsets=(1, 2)), torch.randn(1, 6, 8))
+    layer, h = CausalGrassmannMixing(8, reduced_dim=3, offsets=(1, 2)), torch.randn(1, 6, 8)
+    box = pair_explorer(lambda t, delta: pair_plane(layer, h, t, delta), T=6, offsets=layer.offsets)
     controls, _ = box.children
     t_slider, offset = controls.children
     assert t_slider.max == 5 and list(offset.options) == [1, 2]
@@ -557,11 +560,11 @@ def test_a_non_finite_token_reaches_only_the_pairs_it_is_in(bad, t0):
     """One NaN or infinity at token t0: the features (and the layer's signal, both modes) are non-finite
     exactly at the pairs (t, t - delta) with t = t0 or t - delta = t0, and finite -- invalid offsets
     exactly 0 -- everywhere else."""
-    L, offsets = 40, DEFAULT_OFFSETS
-    z = torch.randn(1, L, 6, generator=torch.Generator().manual_seed(t0), dtype=torch.float64)
+    T, offsets = 40, DEFAULT_OFFSETS
+    z = torch.randn(1, T, 6, generator=torch.Generator().manual_seed(t0), dtype=torch.float64)
     z[0, t0, 2] = bad
-    in_pair = torch.tensor([[t - d >= 0 and t0 in (t, t - d) for d in offsets] for t in range(L)])
-    invalid = torch.tensor([[t - d < 0 for d in offsets] for t in range(L)])
+    in_pair = torch.tensor([[t - d >= 0 and t0 in (t, t - d) for d in offsets] for t in range(T)])
+    invalid = torch.tensor([[t - d < 0 for d in offsets] for t in range(T)])
     feats = plucker_features(z, offsets)[0]
     assert torch.equal((~torch.isfinite(feats)).any(-1), in_pair)
     assert feats[invalid].eq(0).all()

@@ -9,24 +9,24 @@ from attnlib.grassmann import CausalGrassmannMixing, n_pairs, plucker_projection
 from ._grassmann_definition import KINDS, TOL32, definition, degenerate_tokens
 from .conftest import rel_rms
 
-CASES = [  # (B, L, r, d, offsets)
+CASES = [  # (B, T, r, d, offsets)
     (2, 13, 5, 20, (1, 2, 4)),
-    (1, 40, 6, 33, (1, 2, 4, 8, 12, 16, 50)),      # one offset >= L
+    (1, 40, 6, 33, (1, 2, 4, 8, 12, 16, 50)),      # one offset >= T
     (2, 17, 3, 16, (1, 3)),
     (1, 21, 7, 70, (2, 5)),                        # d spans two BLOCK_D slices
 ]
 
 
-def _inputs(B, L, r, d, seed=0):
+def _inputs(B, T, r, d, seed=0):
     g = torch.Generator().manual_seed(seed)
-    z = torch.randn(B, L, r, generator=g).requires_grad_(True)
+    z = torch.randn(B, T, r, generator=g).requires_grad_(True)
     W = torch.randn(d, n_pairs(r), generator=g).requires_grad_(True)
     return z, W
 
 
-@pytest.mark.parametrize("B,L,r,d,offsets", CASES)
-def test_kernel_matches_reference_forward_and_gradients(B, L, r, d, offsets):
-    z, W = _inputs(B, L, r, d)
+@pytest.mark.parametrize("B,T,r,d,offsets", CASES)
+def test_kernel_matches_reference_forward_and_gradients(B, T, r, d, offsets):
+    z, W = _inputs(B, T, r, d)
     outs = {}
     for backend in ("triton", "torch"):
         g = plucker_projection(z, W, offsets, backend=backend)
@@ -37,8 +37,8 @@ def test_kernel_matches_reference_forward_and_gradients(B, L, r, d, offsets):
 
 
 def test_length_one_and_all_offsets_beyond_the_sequence_give_zeros_and_zero_gradients():
-    for L, offsets in ((1, (1, 2)), (5, (5, 9))):
-        z, W = _inputs(1, L, 6, 17)
+    for T, offsets in ((1, (1, 2)), (5, (5, 9))):
+        z, W = _inputs(1, T, 6, 17)
         g = plucker_projection(z, W, offsets, backend="triton")
         assert torch.equal(g, torch.zeros_like(g))
         dz, dW = torch.autograd.grad(g.sum(), (z, W))
@@ -62,7 +62,7 @@ def test_kernel_matches_reference_on_a_zero_vector():
 def test_kernel_on_degenerate_tokens_matches_the_float64_definition(kind, r):
     """Repeated, exactly parallel, nearly parallel (1e-3, 1e-5) and huge/tiny tokens: values, dz and dW
     against the float64 minors (tolerances: ``_grassmann_definition.TOL32``)."""
-    z = degenerate_tokens(kind, r, B=1, L=20).requires_grad_(True)
+    z = degenerate_tokens(kind, r, B=1, T=20).requires_grad_(True)
     g = torch.Generator().manual_seed(1)
     W = torch.randn(24, n_pairs(r), generator=g).requires_grad_(True)
     offsets = (1, 2, 4)

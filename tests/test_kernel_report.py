@@ -1,4 +1,5 @@
-"""Invariants of the static kernel report (``scripts/kernel_report.py``), checked without a GPU.
+"""Invariants of the static kernel report (``scripts/kernel_report.py``, the package
+``benchmarks/kernel_report/``), checked without a GPU.
 
 The report captures every launch that ``backend="auto"`` makes for softmax attention, linear attention,
 the delta rule and the gated delta rule (bf16, forward and forward+backward, every benchmark shape) on
@@ -22,9 +23,10 @@ Each test asserts one property of the kernels over that whole matrix:
   uses, once per launch -- the report's ``"bytes"`` says exactly what is counted).
 
 The committed report (``benchmarks/results/kernel_report.json``) stands in for a new one when it was made
-from the same inputs (its ``inputs_sha256``: attnlib's ops and kernels, the script, the torch, triton and
-fla versions); after any change to those the report is made here again, as described above. Regenerate
-and commit it with ``PYTHONPATH=$PWD python scripts/kernel_report.py`` after changing a kernel.
+from the same inputs (its ``inputs_sha256``: attnlib's ops and kernels, the report's package and scripts,
+the shapes, the torch, triton and fla versions); after any change to those the report is made here again,
+as described above. Regenerate and commit it with ``PYTHONPATH=$PWD python scripts/kernel_report.py``
+after changing a kernel.
 
 Tests skip (with the reason) where Triton's CUDA backend or ptxas is missing (nothing compiles) or fla
 is not installed (no anchor for the bytes).
@@ -171,3 +173,24 @@ def test_attnlib_touches_no_more_bytes_than_fla_in_the_chunked_ops():
     more = [(row["target"], row["op"], "x".join(str(row["shape"][k]) for k in "BHTD"), row["pass"], row["ratio"])
             for row in rows if row["attnlib"]["bytes"] > row["anchor"]["bytes"]]
     assert not more, f"attnlib touches more bytes than fla (target, op, shape, pass, ratio): {more}"
+
+
+def test_the_script_and_the_package_are_one_command_over_the_benchmarks_shapes():
+    """``scripts/kernel_report.py`` is a thin entry point to ``benchmarks/kernel_report/`` (whose workers run
+    as ``python -m benchmarks.kernel_report``): both print the same fingerprint, and the report's default
+    shapes are the benchmarks' (``benchmarks/_common.py``). Fast: nothing is captured or compiled."""
+    from benchmarks._common import ANCHOR_SHAPES
+
+    env = compile_env()
+    cmd = [sys.executable, "-m", "benchmarks.kernel_report"]
+    proc = subprocess.run([*cmd, "--fingerprint"], capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert proc.stdout.strip() == inputs_fingerprint()
+    code = ("import benchmarks.kernel_report.targets as t, json; print(json.dumps([t.SHAPES, "
+            "__import__('os').environ.get('TRITON_INTERPRET')]))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env={**env, "TRITON_INTERPRET": "1"}, cwd=ROOT, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    shapes, interpret = json.loads(proc.stdout)
+    assert [tuple(s) for s in shapes] == list(ANCHOR_SHAPES)
+    assert interpret is None                # importing the package turns the interpreter off, before any kernel

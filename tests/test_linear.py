@@ -65,7 +65,7 @@ def test_chunk_matches_recurrent_on_odd_lengths(T, chunk_size, causal, rel_err):
 
 def test_final_state_is_the_sum_of_outer_products():
     q, k, v = qkv(1, 2, 9, 4, 3)
-    _, S = linear_attention(q, k, v, output_final_state=True)
+    _, S = linear_attention(q, k, v, output_final_state=True, causal=True)
     expected = sum(v[:, :, j, :, None] * k[:, :, j, None, :] for j in range(9))
     assert torch.allclose(S, expected, atol=1e-12)
     assert S.shape == (1, 2, 3, 4)                            # [B, H, Dv, D]
@@ -87,7 +87,7 @@ def test_associativity_parallel_equals_chunk_for_all_shapes(T, D, Dv, log_chunk,
 @pytest.mark.parametrize("normalize", [False, True])
 def test_initial_state_continues_a_sequence_exactly(mode, normalize, rel_err):
     q, k, v = qkv(2, 2, 53, 8, 6)
-    kw = dict(mode=mode, chunk_size=16, normalize=normalize, feature_map="elu1",
+    kw = dict(mode=mode, causal=True, chunk_size=16, normalize=normalize, feature_map="elu1",
               output_final_state=True)
     o_full, S_full = linear_attention(q, k, v, **kw)
     cut = 20
@@ -102,11 +102,11 @@ def test_initial_state_continues_a_sequence_exactly(mode, normalize, rel_err):
 def test_decode_steps_reproduce_the_recurrent_mode(normalize, feature_map, rel_err):
     q, k, v = qkv(2, 3, 23, 8, 5)
     o_ref, S_ref = linear_attention(q, k, v, mode="recurrent", normalize=normalize,
-                                    feature_map=feature_map, output_final_state=True)
+                                    feature_map=feature_map, output_final_state=True, causal=True)
     state, outs = None, []
     for t in range(23):
         sl = slice(t, t + 1)
-        o_t, state = linear_attention_decode_step(q[:, :, sl], k[:, :, sl], v[:, :, sl], state,
+        o_t, state = linear_attention_decode_step(q[:, :, sl], k[:, :, sl], v[:, :, sl], initial_state=state,
                                                   normalize=normalize, feature_map=feature_map)
         outs.append(o_t)
     assert rel_err(torch.cat(outs, dim=2), o_ref) < 1e-12
@@ -119,21 +119,21 @@ def test_normalize_gives_rows_of_weights_that_sum_to_one(rel_err):
     w = (pq @ pk.transpose(-1, -2)).tril()
     expected = (w / w.sum(-1, keepdim=True)) @ v
     for mode in MODES:
-        o = linear_attention(q, k, v, feature_map="elu1", normalize=True, mode=mode, chunk_size=8)
+        o = linear_attention(q, k, v, feature_map="elu1", normalize=True, mode=mode, chunk_size=8, causal=True)
         assert rel_err(o, expected) < 1e-6, mode              # the 1e-6 in the denominator
 
 
 def test_constant_values_pass_through_a_normalized_positive_map():
     q, k, _ = qkv(1, 1, 40, 8)
     v = torch.full((1, 1, 40, 3), 2.5, dtype=F64)
-    o = linear_attention(q, k, v, feature_map="relu", normalize=True)
+    o = linear_attention(q, k, v, feature_map="relu", normalize=True, causal=True)
     # a convex combination of identical values is that value (rows where relu leaves some weight)
     assert torch.allclose(o[o.abs() > 0], torch.tensor(2.5, dtype=F64), atol=1e-5)
 
 
 def test_scale_multiplies_q_before_the_feature_map(rel_err):
     q, k, v = qkv(1, 1, 12, 4)
-    o = linear_attention(q, k, v, scale=0.3, feature_map="elu1", mode="parallel")
+    o = linear_attention(q, k, v, scale=0.3, feature_map="elu1", mode="parallel", causal=True)
     expected = (elu1(0.3 * q) @ elu1(k).transpose(-1, -2)).tril() @ v
     assert rel_err(o, expected) < 1e-12
 
@@ -158,7 +158,7 @@ def test_favor_plus_normalized_approaches_softmax_attention_as_features_grow(rel
     q, k = 0.5 * q, 0.5 * k
     exact = attnlib.softmax_attention(q, k, v, causal=True)
     errs = [rel_err(linear_attention(q, k, v, feature_map="favor+", normalize=True,
-                                     feature_kwargs=dict(num_features=m, seed=0)), exact)
+                                     feature_kwargs=dict(num_features=m, seed=0), causal=True), exact)
             for m in (8, 4096)]
     assert errs[1] < errs[0] and errs[1] < 0.1
 
@@ -172,13 +172,13 @@ def test_favor_plus_same_seed_same_features_different_seed_different():
 def test_favor_plus_state_has_num_features_columns():
     q, k, v = qkv(1, 2, 10, 8, 3)
     fm = FavorPlus(8, num_features=20, seed=0)
-    _, S = linear_attention(q, k, v, feature_map=fm, output_final_state=True)
+    _, S = linear_attention(q, k, v, feature_map=fm, output_final_state=True, causal=True)
     assert S.shape == (1, 2, 3, 20)
 
 
 def test_callable_feature_map_is_applied_to_q_and_k(rel_err):
     q, k, v = qkv(1, 1, 10, 4)
-    o = linear_attention(q, k, v, feature_map=torch.exp, scale=1.0, mode="parallel")
+    o = linear_attention(q, k, v, feature_map=torch.exp, scale=1.0, mode="parallel", causal=True)
     assert rel_err(o, (torch.exp(q) @ torch.exp(k).transpose(-1, -2)).tril() @ v) < 1e-12
 
 
@@ -188,14 +188,14 @@ def test_long_fp16_sequence_stays_finite_and_accurate(rel_err):
     q, k, v = qkv(1, 2, 4096, 16, dtype=torch.float16)
     v = v + 20                                                # values with a large common part
     # positive features: every outer product adds to the state, whose entries pass fp16's 65504
-    o, S = linear_attention(q, k, v, feature_map="elu1", normalize=True, output_final_state=True)
+    o, S = linear_attention(q, k, v, feature_map="elu1", normalize=True, output_final_state=True, causal=True)
     assert S.dtype == torch.float32 and torch.isfinite(S).all()
     assert S.abs().max() > torch.finfo(torch.float16).max    # it would have overflowed in fp16
-    ref = linear_attention(q.double(), k.double(), v.double(), feature_map="elu1", normalize=True)
+    ref = linear_attention(q.double(), k.double(), v.double(), feature_map="elu1", normalize=True, causal=True)
     assert o.dtype == torch.float16 and torch.isfinite(o).all()
     assert rel_err(o, ref) < 1e-3
-    o_plain = linear_attention(q, k, v - 20, feature_map="elu1")
-    ref_plain = linear_attention(q.double(), k.double(), (v - 20).double(), feature_map="elu1")
+    o_plain = linear_attention(q, k, v - 20, feature_map="elu1", causal=True)
+    ref_plain = linear_attention(q.double(), k.double(), (v - 20).double(), feature_map="elu1", causal=True)
     assert torch.isfinite(o_plain).all() and rel_err(o_plain, ref_plain) < 2e-3
 
 
@@ -216,7 +216,7 @@ def test_triton_kernel_matches_reference_on_odd_shapes(T, D, Dv, chunk, causal, 
 
 def test_triton_kernel_continues_from_initial_state_with_normalize(rel_err):
     q, k, v = qkv(1, 2, 45, 16, 8, dtype=torch.float32, seed=7)
-    kw = dict(feature_map="elu1", normalize=True, chunk_size=16, output_final_state=True)
+    kw = dict(causal=True, feature_map="elu1", normalize=True, chunk_size=16, output_final_state=True)
     o_full, S_full = linear_attention(q, k, v, backend="torch", **kw)
     o1, S1 = linear_attention(q[:, :, :19], k[:, :, :19], v[:, :, :19], backend="triton", **kw)
     o2, S2 = linear_attention(q[:, :, 19:], k[:, :, 19:], v[:, :, 19:], initial_state=S1,
@@ -241,8 +241,8 @@ def test_triton_kernel_fp16_inputs_accumulate_in_fp32(rel_err):
     tile take bfloat16 operands (``kernels/common/precision.py``), so it is within bfloat16's rounding:
     2^-8 relative per operand here, where the interpreter truncates to bfloat16 (a GPU rounds to nearest)."""
     q, k, v = qkv(1, 2, 40, 16, 16, dtype=torch.float16, seed=2)
-    o, S = linear_attention(q, k, v, chunk_size=16, backend="triton", output_final_state=True)
-    ref, S_ref = linear_attention(q.double(), k.double(), v.double(), output_final_state=True)
+    o, S = linear_attention(q, k, v, chunk_size=16, backend="triton", output_final_state=True, causal=True)
+    ref, S_ref = linear_attention(q.double(), k.double(), v.double(), output_final_state=True, causal=True)
     assert o.dtype == torch.float16 and S.dtype == torch.float32
     assert rel_err(o, ref) < 1e-2 and rel_err(S, S_ref) < 1e-3
 
@@ -252,7 +252,7 @@ def test_triton_backward_matches_reference_gradients(rel_err):
     grads = []
     for backend in ("torch", "triton"):
         ins = [t.clone().requires_grad_(True) for t in (q, k, v)]
-        linear_attention(*ins, chunk_size=16, backend=backend).square().sum().backward()
+        linear_attention(*ins, chunk_size=16, backend=backend, causal=True).square().sum().backward()
         grads.append([t.grad for t in ins])
     for a, b in zip(*grads):
         assert rel_err(b, a) < 1e-5
@@ -263,49 +263,49 @@ def test_triton_backward_matches_reference_gradients(rel_err):
 def test_mismatched_shapes_are_rejected():
     q, k, v = qkv(1, 2, 10, 8)
     with pytest.raises(ValueError, match="k has shape"):
-        linear_attention(q, k[..., :4], v)
+        linear_attention(q, k[..., :4], v, causal=True)
     with pytest.raises(ValueError, match="v has shape"):
-        linear_attention(q, k, v[:, :, :5])
+        linear_attention(q, k, v[:, :, :5], causal=True)
     with pytest.raises(ValueError, match="as many queries as keys"):
-        linear_attention(q[:, :, :3], k, v)
+        linear_attention(q[:, :, :3], k, v, causal=True)
 
 
 def test_initial_state_of_wrong_shape_or_dtype_is_rejected():
     q, k, v = qkv(1, 2, 10, 8, 6)
     with pytest.raises(ValueError, match=r"initial_state has shape \(1, 2, 8, 8\); expected \(1, 2, 6, 8\)"):
-        linear_attention(q, k, v, initial_state=torch.zeros(1, 2, 8, 8, dtype=F64))
+        linear_attention(q, k, v, initial_state=torch.zeros(1, 2, 8, 8, dtype=F64), causal=True)
     with pytest.raises(ValueError, match="extra row"):
-        linear_attention(q, k, v, normalize=True, initial_state=torch.zeros(1, 2, 6, 8, dtype=F64))
+        linear_attention(q, k, v, normalize=True, initial_state=torch.zeros(1, 2, 6, 8, dtype=F64), causal=True)
     with pytest.raises(TypeError, match="initial_state has dtype float16"):
-        linear_attention(q, k, v, initial_state=torch.zeros(1, 2, 6, 8, dtype=torch.float16))
+        linear_attention(q, k, v, initial_state=torch.zeros(1, 2, 6, 8, dtype=torch.float16), causal=True)
     with pytest.raises(TypeError, match="state has dtype float32; expected float64"):
         linear_attention_decode_step(q[:, :, :1], k[:, :, :1], v[:, :, :1],
-                                     torch.zeros(1, 2, 6, 8))
+                                     initial_state=torch.zeros(1, 2, 6, 8))
 
 
 @pytest.mark.parametrize("chunk_size", [48, 0, 3])
 def test_chunk_size_must_be_a_power_of_two(chunk_size):
     q, k, v = qkv(1, 1, 10, 4)
     with pytest.raises(ValueError, match="chunk_size must be a power of two"):
-        linear_attention(q, k, v, chunk_size=chunk_size)
+        linear_attention(q, k, v, chunk_size=chunk_size, causal=True)
 
 
 def test_unknown_feature_map_mode_and_backend_are_rejected():
     q, k, v = qkv(1, 1, 10, 4)
     with pytest.raises(ValueError, match="feature_map must be None, one of"):
-        linear_attention(q, k, v, feature_map="softmax")
+        linear_attention(q, k, v, feature_map="softmax", causal=True)
     with pytest.raises(ValueError, match="feature_kwargs only applies"):
-        linear_attention(q, k, v, feature_map="elu1", feature_kwargs={"seed": 1})
+        linear_attention(q, k, v, feature_map="elu1", feature_kwargs={"seed": 1}, causal=True)
     with pytest.raises(ValueError, match="takes num_features, seed"):
-        linear_attention(q, k, v, feature_map="favor+", feature_kwargs={"sigma": 1})
+        linear_attention(q, k, v, feature_map="favor+", feature_kwargs={"sigma": 1}, causal=True)
     with pytest.raises(ValueError, match="mode must be one of"):
-        linear_attention(q, k, v, mode="scan")
+        linear_attention(q, k, v, mode="scan", causal=True)
     with pytest.raises(ValueError, match="backend must be one of"):
-        linear_attention(q, k, v, backend="cuda")
+        linear_attention(q, k, v, backend="cuda", causal=True)
     with pytest.raises(ValueError, match="implements mode='chunk'"):
-        linear_attention(q.float(), k.float(), v.float(), mode="recurrent", backend="triton")
-    with pytest.raises(ValueError, match=r"chunk_size in \[16, 64\]; got 8"):
-        linear_attention(q.float(), k.float(), v.float(), chunk_size=8, backend="triton")
+        linear_attention(q.float(), k.float(), v.float(), mode="recurrent", backend="triton", causal=True)
+    with pytest.raises(ValueError, match=r"chunk_size in \(16, 32, 64\); got 8"):
+        linear_attention(q.float(), k.float(), v.float(), chunk_size=8, backend="triton", causal=True)
 
 
 def test_decode_step_refuses_more_than_one_token():
@@ -319,10 +319,11 @@ def test_decode_step_refuses_more_than_one_token():
 def test_state_buildup_figure_frames_hold_the_running_state():
     import numpy as np
 
+    from attnlib.experiments import linear as xl
     from attnlib.widgets import linear as lw
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(7, 4, generator=g, dtype=F64) for _ in range(3))
-    fig = lw.state_buildup_figure(q, k, v)
+    fig = lw.state_buildup_figure(xl.state_buildup(q, k, v))
     assert len(fig.frames) == 7 and len(fig.layout.sliders[0].steps) == 7
     S3 = sum(v[j, :, None] * k[j, None, :] for j in range(3))
     assert np.allclose(np.asarray(fig.frames[2].data[0].z), S3.numpy())
@@ -330,4 +331,4 @@ def test_state_buildup_figure_frames_hold_the_running_state():
     for fr in fig.frames:
         assert np.allclose(np.asarray(fr.data[1].y), np.asarray(fr.data[2].y))
     with pytest.raises(ValueError, match="one head"):
-        lw.state_buildup_figure(q[None], k, v)
+        xl.state_buildup(q[None], k, v)

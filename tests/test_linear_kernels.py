@@ -30,7 +30,7 @@ def inputs(B, H, T, D, Dv, seed):
 def reference_grads(q, k, v, S0, do, dS, *, scale, causal):
     """Float64 outputs and gradients of the recurrence (the definition), by autograd."""
     ins = [t.clone().requires_grad_() for t in (q, k, v, S0)]
-    o, S = linear_attention_recurrent_reference(ins[0] * scale, ins[1], ins[2], ins[3], causal=causal)
+    o, S = linear_attention_recurrent_reference(ins[0] * scale, ins[1], ins[2], initial_state=ins[3], causal=causal)
     return o, S, torch.autograd.grad([o, S], ins, [do, dS])
 
 
@@ -80,7 +80,8 @@ def test_gradient_of_any_single_input_through_the_public_function(wrt, rel_err):
         ts = {"q": q.to(dt), "k": k.to(dt), "v": v.to(dt), "initial_state": S0.float() if dt != F64 else S0}
         ts[wrt] = ts[wrt].clone().requires_grad_()
         o, S = linear_attention(ts["q"], ts["k"], ts["v"], feature_map="elu1", normalize=True, chunk_size=16,
-                                initial_state=ts["initial_state"], output_final_state=True, backend=backend)
+                                initial_state=ts["initial_state"], output_final_state=True, backend=backend,
+                                causal=True)
         (o.square().sum() + S.sum()).backward()
         got[backend] = ts[wrt].grad
     assert got["triton"].dtype == torch.float32 and rel_err(got["triton"], got["torch"]) < TOL
@@ -88,7 +89,7 @@ def test_gradient_of_any_single_input_through_the_public_function(wrt, rel_err):
 
 def test_empty_batch_runs_forward_and_backward():
     q, k, v = (torch.randn(0, 2, 17, 12, requires_grad=True) for _ in range(3))
-    o, S = linear_attention(q, k, v, chunk_size=16, output_final_state=True, backend="triton")
+    o, S = linear_attention(q, k, v, chunk_size=16, output_final_state=True, backend="triton", causal=True)
     assert o.shape == (0, 2, 17, 12) and S.shape == (0, 2, 12, 12)
     o.sum().backward()
     assert q.grad.shape == q.shape and k.grad.shape == k.shape and v.grad.shape == v.shape
@@ -102,8 +103,8 @@ def test_fp16_scores_above_the_fp16_range_stay_finite(rel_err):
     k = torch.full((1, 1, T, D), 60.0, dtype=torch.float16)
     v = (torch.randn(1, 1, T, D, generator=torch.Generator().manual_seed(0)) * 1e-3).half()
     assert (q[0, 0, 0].double() @ k[0, 0, 0].double()) * 2 ** -0.5 > 65504     # scale 1/sqrt(2)
-    o = linear_attention(q, k, v, chunk_size=16, scale=2 ** -0.5, backend="triton")
-    ref = linear_attention(q.double(), k.double(), v.double(), scale=2 ** -0.5, backend="torch")
+    o = linear_attention(q, k, v, chunk_size=16, scale=2 ** -0.5, backend="triton", causal=True)
+    ref = linear_attention(q.double(), k.double(), v.double(), scale=2 ** -0.5, backend="torch", causal=True)
     assert o.dtype == torch.float16 and torch.isfinite(o).all()
     assert rel_err(o, ref) < 5e-3
 
@@ -120,9 +121,9 @@ def test_fp16_state_beyond_the_fp16_range_stays_finite(rel_err):
     v[..., ::2, :] = 4.0                                              # not a constant sequence
     state = torch.einsum("bhtv,bhtd->bhvd", v.double(), k.double())
     assert state.min() > 65504
-    o, S = linear_attention(q, k, v, scale=1.0, output_final_state=True, backend="triton")
+    o, S = linear_attention(q, k, v, scale=1.0, output_final_state=True, backend="triton", causal=True)
     ref, S_ref = linear_attention(q.double(), k.double(), v.double(), scale=1.0, output_final_state=True,
-                                  backend="torch")
+                                  backend="torch", causal=True)
     assert o.dtype == torch.float16 and torch.isfinite(o).all() and torch.isfinite(S).all()
     assert rel_err(o, ref) < 1e-2 and rel_err(S, S_ref) < 1e-5
 
@@ -134,7 +135,7 @@ def test_a_loss_on_the_final_state_alone(rel_err):
     grads = []
     for backend, dt in (("triton", torch.float32), ("torch", F64)):
         kk = k.to(dt).clone().requires_grad_()
-        _, S = linear_attention(q.to(dt), kk, v.to(dt), output_final_state=True, backend=backend)
+        _, S = linear_attention(q.to(dt), kk, v.to(dt), output_final_state=True, backend=backend, causal=True)
         S.square().sum().backward()
         grads.append(kk.grad)
     assert rel_err(*grads) < TOL

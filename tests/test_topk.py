@@ -86,7 +86,7 @@ def test_top_k_at_least_the_length_equals_softmax_attention(T, extra, causal, se
 
 def test_causal_rows_with_fewer_visible_keys_than_k_take_all_of_them_and_pad_with_minus_one():
     I = torch.randn(1, 1, 6, 6, dtype=F64)
-    idx = topk_select(I, 3)
+    idx = topk_select(I, 3, causal=True)
     assert idx.shape == (1, 1, 6, 3)
     for t in range(3):                                                             # rows 0..2 see 1..3 keys
         row = idx[0, 0, t].tolist()
@@ -119,17 +119,17 @@ def test_the_selection_is_the_top_k_visible_keys_of_each_row(T, top_k, causal, t
 
 def test_selection_takes_the_highest_visible_scores_highest_first():
     I = torch.tensor([[[[0.0, 9, 9, 9], [1, 5, 9, 9], [4, 2, 7, 9], [3, 8, 1, 6]]]], dtype=F64)
-    assert topk_select(I, 2).tolist() == [[[[0, -1], [1, 0], [2, 0], [1, 3]]]]
+    assert topk_select(I, 2, causal=True).tolist() == [[[[0, -1], [1, 0], [2, 0], [1, 3]]]]
     assert topk_select(I, 2, causal=False).tolist() == [[[[1, 2], [2, 3], [3, 2], [1, 3]]]]
 
 
 def test_ties_go_to_the_earlier_key_and_the_selection_is_deterministic():
     I = torch.zeros(1, 1, 7, 7, dtype=F64)
-    idx = topk_select(I, 3)
+    idx = topk_select(I, 3, causal=True)
     assert idx[0, 0, 6].tolist() == [0, 1, 2] and idx[0, 0, 4].tolist() == [0, 1, 2]
     I[0, 0, 6, 5] = I[0, 0, 6, 3] = 1.0
-    assert topk_select(I, 3)[0, 0, 6].tolist() == [3, 5, 0]
-    assert torch.equal(topk_select(I, 3), topk_select(I.clone(), 3))
+    assert topk_select(I, 3, causal=True)[0, 0, 6].tolist() == [3, 5, 0]
+    assert torch.equal(topk_select(I, 3, causal=True), topk_select(I.clone(), 3, causal=True))
 
 
 def test_nan_index_scores_count_as_minus_inf():
@@ -139,7 +139,7 @@ def test_nan_index_scores_count_as_minus_inf():
 
 def test_top_k_one_returns_the_value_of_the_best_indexed_key():
     q, k, v, iq, ik, iw = _inputs(B=1, H=2, T=8, seed=3)
-    o = topk_attention(q, k, v, iq, ik, iw, top_k=1)
+    o = topk_attention(q, k, v, iq, ik, iw, top_k=1, causal=True)
     I = index_scores(iq, ik, iw).masked_fill(~torch.ones(8, 8, dtype=torch.bool).tril(), -math.inf)
     best = I[0, 0].argmax(-1)
     assert torch.equal(o[0], v[0][:, best])
@@ -195,12 +195,12 @@ def test_the_restricted_plan_is_the_one_sided_entropic_plan_on_the_selected_supp
 @pytest.mark.parametrize("t", [0, 4, 9])
 def test_changing_keys_values_and_index_keys_after_t_leaves_rows_up_to_t_bit_identical(t):
     q, k, v, iq, ik, iw = _inputs(B=1, H=2, T=12, seed=6, dtype=torch.float32)
-    o = topk_attention(q, k, v, iq, ik, iw, top_k=3)
+    o = topk_attention(q, k, v, iq, ik, iw, top_k=3, causal=True)
     k2, v2, ik2 = k.clone(), v.clone(), ik.clone()
     k2[:, :, t + 1:] = 1e3 * torch.randn_like(k2[:, :, t + 1:])
     v2[:, :, t + 1:] = float("nan")
     ik2[:, :, t + 1:] = 1e3
-    o2 = topk_attention(q, k2, v2, iq, ik2, iw, top_k=3)
+    o2 = topk_attention(q, k2, v2, iq, ik2, iw, top_k=3, causal=True)
     assert torch.equal(o[:, :, :t + 1], o2[:, :, :t + 1])
 
 
@@ -219,9 +219,9 @@ def test_a_non_finite_value_outside_the_selected_set_does_not_leak(fill):
 
 def test_a_non_finite_value_inside_the_selected_set_makes_exactly_those_rows_nan():
     q, k, v, iq, ik, iw = _inputs(B=1, H=1, T=10, seed=8)
-    _, idx = topk_attention(q, k, v, iq, ik, iw, top_k=3, return_indices=True)
+    _, idx = topk_attention(q, k, v, iq, ik, iw, top_k=3, return_indices=True, causal=True)
     v[:, :, 4] = float("nan")
-    o = topk_attention(q, k, v, iq, ik, iw, top_k=3)
+    o = topk_attention(q, k, v, iq, ik, iw, top_k=3, causal=True)
     sees = selection_mask(idx, 10)[0, 0, :, 4]
     assert torch.equal(torch.isnan(o[0, 0]).any(-1), sees)
 
@@ -233,30 +233,30 @@ def test_half_precision_logits_of_1e4_stay_finite(dtype):
     q, k = torch.zeros_like(q), torch.zeros_like(k)
     q[0, 0, 7, 0] = 100.0
     k[0, 0, 3, 0] = 100.0                                                          # scale 1: score 1e4
-    o = topk_attention(q, k, v, iq, ik, iw, top_k=T, scale=1.0)
+    o = topk_attention(q, k, v, iq, ik, iw, top_k=T, scale=1.0, causal=True)
     assert torch.isfinite(o).all() and o.dtype == dtype
     assert torch.equal(o[0, 0, 7], v[0, 0, 3])
 
 
 def test_length_zero_length_one_and_empty_batch():
     q, k, v, iq, ik, iw = _inputs(B=1, H=2, T=0)
-    o, lse, idx = topk_attention(q, k, v, iq, ik, iw, top_k=4, return_lse=True, return_indices=True)
+    o, lse, idx = topk_attention(q, k, v, iq, ik, iw, top_k=4, return_lse=True, return_indices=True, causal=True)
     assert o.shape == (1, 2, 0, 4) and lse.shape == (1, 2, 0) and idx.shape == (1, 1, 0, 0)
     q, k, v, iq, ik, iw = _inputs(B=1, H=2, T=1)
     for causal in (False, True):
         assert torch.equal(topk_attention(q, k, v, iq, ik, iw, top_k=5, causal=causal), v)
     q, k, v, iq, ik, iw = _inputs(B=0, H=2, T=6)
-    o, idx = topk_attention(q, k, v, iq, ik, iw, top_k=2, return_indices=True)
+    o, idx = topk_attention(q, k, v, iq, ik, iw, top_k=2, return_indices=True, causal=True)
     assert o.shape == (0, 2, 6, 4) and idx.shape == (0, 1, 6, 2)
 
 
 def test_no_value_is_read_back_to_the_host_off_the_cpu():
     """Meta tensors have no values: any .item()/bool() on them raises."""
     q, k, v, iq, ik, iw = (x.to("meta") for x in _inputs(B=1, H=2, T=7))
-    o = topk_attention(q, k, v, iq, ik, iw, top_k=3)
+    o = topk_attention(q, k, v, iq, ik, iw, top_k=3, causal=True)
     assert o.shape == (1, 2, 7, 4)
     I = index_scores(iq, ik, iw)
-    indexer_kl_loss(torch.empty(1, 2, 7, 7, dtype=F64, device="meta"), I, topk_select(I, 3))
+    indexer_kl_loss(torch.empty(1, 2, 7, 7, dtype=F64, device="meta"), I, topk_select(I, 3, causal=True), causal=True)
 
 
 # ----------------------------------------------------------------------------- counted work
@@ -290,11 +290,11 @@ def test_gradcheck_in_float64_on_small_odd_shapes(causal):
 def test_the_indexer_gets_no_gradient_through_the_attention_and_one_through_its_loss():
     q, k, v, iq, ik, iw = _inputs(B=1, H=2, T=7, seed=11)
     iq, ik, iw, q = (x.requires_grad_() for x in (iq, ik, iw, q))
-    o = topk_attention(q, k, v, iq, ik, iw, top_k=3)
+    o = topk_attention(q, k, v, iq, ik, iw, top_k=3, causal=True)
     o.sum().backward()
     assert q.grad is not None and iq.grad is None and ik.grad is None and iw.grad is None
     p = _dense_probs(q.detach(), k, 0.5, True)
-    indexer_kl_loss(p, index_scores(iq, ik, iw)).sum().backward()
+    indexer_kl_loss(p, index_scores(iq, ik, iw), causal=True).sum().backward()
     assert all(x.grad is not None and x.grad.abs().sum() > 0 for x in (iq, ik, iw))
 
 
@@ -302,9 +302,9 @@ def test_gradcheck_of_the_kl_loss_in_the_index_scores():
     g = torch.Generator().manual_seed(12)
     p = torch.rand(1, 2, 6, 6, generator=g, dtype=F64)
     I = torch.randn(1, 1, 6, 6, generator=g, dtype=F64, requires_grad=True)
-    sel = topk_select(I.detach(), 3)
+    sel = topk_select(I.detach(), 3, causal=True)
     for selected in (None, sel):
-        assert torch.autograd.gradcheck(lambda x, s=selected: indexer_kl_loss(p, x, s), (I,))
+        assert torch.autograd.gradcheck(lambda x, s=selected: indexer_kl_loss(p, x, s, causal=True), (I,))
 
 
 # ----------------------------------------------------------------------------- the indexer's loss
@@ -322,9 +322,9 @@ def test_kl_loss_is_zero_when_softmax_of_the_index_scores_is_the_target_and_posi
     w, p = _teacher()
     garbage = torch.triu(torch.full((8, 8), 123.0, dtype=F64), 1)                 # above the diagonal: ignored
     I = torch.log(p).nan_to_num(neginf=0.0) + garbage + torch.arange(8.0, dtype=F64)[:, None]  # + row shifts
-    assert indexer_kl_loss(w, I).abs().max() < 1e-14
+    assert indexer_kl_loss(w, I, causal=True).abs().max() < 1e-14
     I_other = I + 0.3 * torch.randn(I.shape, generator=torch.Generator().manual_seed(1), dtype=F64)
-    kl = indexer_kl_loss(w, I_other)
+    kl = indexer_kl_loss(w, I_other, causal=True)
     assert kl.shape == (2, 8) and (kl[:, 1:] > 1e-6).all() and kl[:, 0].abs().max() < 1e-15   # row 0: one key
 
 
@@ -334,51 +334,52 @@ def test_dense_kl_loss_matches_torch_kl_div():
     log_q = torch.log_softmax(I.masked_fill(~torch.ones(8, 8, dtype=torch.bool).tril(), -math.inf), -1)
     log_q = log_q.masked_fill(torch.isneginf(log_q), 0.0)                  # where p = 0: kl_div's 0 * -inf is NaN
     want = torch.nn.functional.kl_div(log_q, p, reduction="none").sum(-1).squeeze(1)
-    assert rel_rms(indexer_kl_loss(w, I), want) < 1e-14
+    assert rel_rms(indexer_kl_loss(w, I, causal=True), want) < 1e-14
 
 
 def test_sparse_kl_loss_is_the_kl_between_the_renormalised_restrictions_to_the_selected_set():
     w, p = _teacher(seed=15)
     I = torch.randn(2, 1, 8, 8, generator=torch.Generator().manual_seed(3), dtype=F64)
-    sel = topk_select(I, 3)
-    got = indexer_kl_loss(w, I, sel)
+    sel = topk_select(I, 3, causal=True)
+    got = indexer_kl_loss(w, I, sel, causal=True)
     for b in range(2):
         for t in range(8):
             S = [s for s in sel[b, 0, t].tolist() if s >= 0]
             pS = p[b, 0, t, S] / p[b, 0, t, S].sum()
             qS = torch.softmax(I[b, 0, t, S], -1)
             assert abs(got[b, t] - (pS * torch.log(pS / qS)).sum()) < 1e-14
-    assert indexer_kl_loss(w, I, topk_select(I, 8)).sub(indexer_kl_loss(w, I)).abs().max() < 1e-14
+    everything = indexer_kl_loss(w, I, causal=True)
+    assert indexer_kl_loss(w, I, topk_select(I, 8, causal=True), causal=True).sub(everything).abs().max() < 1e-14
 
 
 def test_sparse_kl_loss_of_a_row_with_no_target_mass_on_its_selection_is_zero():
     w = torch.zeros(1, 1, 3, 3, dtype=F64)
     w[0, 0, :, 0] = 1.0                                                            # all mass on key 0
     I = torch.tensor([[[[0.0, 0, 0], [0, 5, 0], [0, 1, 5]]]], dtype=F64)
-    kl = indexer_kl_loss(w, I, topk_select(I, 1))
+    kl = indexer_kl_loss(w, I, topk_select(I, 1, causal=True), causal=True)
     assert kl.tolist() == [[0.0, 0.0, 0.0]]
 
 
 def test_kl_loss_refuses_selections_out_of_range_and_infinite_weights():
     w, _ = _teacher(seed=15)
     I = torch.randn(2, 1, 8, 8, generator=torch.Generator().manual_seed(3), dtype=F64)
-    sel = topk_select(I, 3)
+    sel = topk_select(I, 3, causal=True)
     for bad in (8, -2, 100):                      # Tk and below -1 once became an empty slot silently
         wrong = sel.clone()
         wrong[1, 0, 5, 1] = bad
         with pytest.raises(ValueError, match=r"selected must hold key indices in \[0, 7\] or -1"):
-            indexer_kl_loss(w, I, wrong)
+            indexer_kl_loss(w, I, wrong, causal=True)
     inf = w.clone()
     inf[0, 1, 4, 2] = float("inf")                # once zeroed that row's loss, and so its gradient
     with pytest.raises(ValueError, match="attention_weights has negative, infinite or NaN"):
-        indexer_kl_loss(inf, I)
+        indexer_kl_loss(inf, I, causal=True)
 
 
 # ----------------------------------------------------------------------------- bad inputs
 
 def _args(**bad):
     q, k, v, iq, ik, iw = _inputs(B=2, H=2, T=10, D=4, dtype=torch.float32)
-    args = dict(q=q, k=k, v=v, index_q=iq, index_k=ik, index_w=iw, top_k=3)
+    args = dict(q=q, k=k, v=v, index_q=iq, index_k=ik, index_w=iw, top_k=3, causal=True)
     args.update(bad)
     return args
 
@@ -402,7 +403,7 @@ def _args(**bad):
     (dict(index_k=torch.randn(2, 1, 10, 5, dtype=torch.float64)), TypeError,
      r"index_k has dtype float64; expected float32 to match index_q"),
     (dict(index_q=[1.0]), TypeError, r"index_q must be a torch.Tensor"),
-    (dict(causal="yes"), TypeError, r"causal must be a bool; got str"),
+    (dict(causal="yes"), TypeError, r"causal must be a bool \(True or False\); got str 'yes'"),
     (dict(return_lse=1), TypeError, r"return_lse must be a bool"),
     (dict(return_indices="no"), TypeError, r"return_indices must be a bool"),
     (dict(scale=0.0), ValueError, r"scale must be a finite number > 0; got 0.0"),
@@ -441,23 +442,27 @@ def test_non_causal_cross_attention_with_more_keys_than_queries():
 
 
 @pytest.mark.parametrize("call, err, match", [
-    (lambda I: topk_select(I, 0), ValueError, r"top_k must be >= 1"),
-    (lambda I: topk_select(I[0], 2), ValueError, r"I has shape \(1, 6, 6\) \(3 dims\); expected 4 dims"),
-    (lambda I: topk_select(I.expand(1, 2, 6, 6), 2), ValueError, r"I has shape \(1, 2, 6, 6\); expected \(B, 1"),
-    (lambda I: topk_select(I[..., :5], 2), ValueError, r"causal selection needs as many queries as keys"),
+    (lambda I: topk_select(I, 0, causal=True), ValueError, r"top_k must be >= 1"),
+    (lambda I: topk_select(I[0], 2, causal=True), ValueError, r"I has shape \(1, 6, 6\) \(3 dims\); expected 4 dims"),
+    (lambda I: topk_select(I.expand(1, 2, 6, 6), 2, causal=True), ValueError,
+     r"I has shape \(1, 2, 6, 6\); expected \(B, 1"),
+    (lambda I: topk_select(I[..., :5], 2, causal=True), ValueError, r"causal selection needs as many queries as keys"),
     (lambda I: topk_select(I, 2, causal=None), TypeError, r"causal must be a bool"),
-    (lambda I: indexer_kl_loss(torch.rand(1, 2, 6, 5, dtype=F64), I), ValueError,
+    (lambda I: indexer_kl_loss(torch.rand(1, 2, 6, 5, dtype=F64), I, causal=True), ValueError,
      r"attention_weights has shape \(1, 2, 6, 5\); expected \(1, H >= 1, 6, 6\)"),
-    (lambda I: indexer_kl_loss(-torch.rand(1, 2, 6, 6, dtype=F64), I), ValueError, r"attention_weights has negative"),
-    (lambda I: indexer_kl_loss(torch.rand(1, 2, 6, 6, dtype=F64), I, topk_select(I, 2).int()), TypeError,
+    (lambda I: indexer_kl_loss(-torch.rand(1, 2, 6, 6, dtype=F64), I, causal=True), ValueError,
+     r"attention_weights has negative"),
+    (lambda I: indexer_kl_loss(torch.rand(1, 2, 6, 6, dtype=F64), I, topk_select(I, 2, causal=True).int(),
+                               causal=True), TypeError,
      r"selected must be an int64 tensor"),
-    (lambda I: indexer_kl_loss(torch.rand(1, 2, 6, 6, dtype=F64), I, topk_select(I, 2)[:, :, :4]), ValueError,
+    (lambda I: indexer_kl_loss(torch.rand(1, 2, 6, 6, dtype=F64), I, topk_select(I, 2, causal=True)[:, :, :4],
+                               causal=True), ValueError,
      r"selected has shape \(1, 1, 4, 2\); expected \(1, 1, 6, n <= 6\)"),
     (lambda I: index_scores(I, I, I), ValueError, r"index_w has shape \(1, 1, 6, 6\) \(4 dims\)"),
     (lambda I: index_scores(I[..., :1].float().expand(1, 1, 6, 257), I[..., :1].float().expand(1, 1, 6, 257),
                             I[..., 0].float(), backend="triton"), ValueError,
      r"index-score kernel takes index head dims up to 256"),
-    (lambda I: selection_mask(topk_select(I, 2), -1), ValueError, r"n_keys must be >= 0"),
+    (lambda I: selection_mask(topk_select(I, 2, causal=True), -1), ValueError, r"n_keys must be >= 0"),
 ])
 def test_helpers_bad_inputs_raise_errors_naming_the_argument(call, err, match):
     with pytest.raises(err, match=match):

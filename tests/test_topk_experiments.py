@@ -5,7 +5,8 @@ against chapter 2's closed form, the indexer's training, and the cost on counted
 import pytest
 import torch
 
-from attnlib import needle, topk
+from attnlib import topk
+from attnlib.experiments import needle
 from attnlib.experiments import topk as xt
 
 
@@ -21,7 +22,7 @@ def test_restricted_plan_is_the_eot_plan_on_its_support_and_loses_twice_the_miss
     T = 24
     q, k, v = xt.random_rows(T, 8, generator=g)
     iq, ik, iw = xt.noisy_indexer(q, k, n_heads=3, noise=1.0, generator=g)
-    idx = topk.topk_select(topk.index_scores(iq, ik, iw), top_k)
+    idx = topk.topk_select(topk.index_scores(iq, ik, iw), top_k, causal=True)
     r = xt.transport_reading(q, k, v, idx)
     assert r["eot_gap"].max() < 1e-10                     # chapter 1's Newton solver on S, no softmax
     assert r["operator_gap"].max() < 1e-12                # the operator computes that plan
@@ -35,7 +36,8 @@ def test_tight_values_attain_the_bound():
     g = _gen(4)
     T = 16
     q, k, _ = xt.random_rows(T, 4, generator=g)
-    idx = topk.topk_select(-topk.index_scores(*xt.noisy_indexer(q, k, n_heads=2, noise=0.1, generator=g)), 3)
+    idx = topk.topk_select(-topk.index_scores(*xt.noisy_indexer(q, k, n_heads=2, noise=0.1, generator=g)), 3,
+                           causal=True)
     mask = topk.selection_mask(idx, T)[0, 0]
     v = xt.tight_values(mask[T - 1], torch.randn(5, generator=g, dtype=torch.float64))
     r = xt.transport_reading(q, k, v[None, None], idx)
@@ -133,7 +135,7 @@ def test_shared_selection_costs_nothing_for_identical_heads_and_hurts_the_worst_
 
 def test_shared_selection_mean_over_heads_is_the_average_plans_mass():
     plans = xt.head_plans(2, 16, 3, common=0.3, generator=_gen(5), content_dim=8, n_planted=3)
-    mask = topk.selection_mask(topk.topk_select(plans.mean(1, keepdim=True), 5), 16)
+    mask = topk.selection_mask(topk.topk_select(plans.mean(1, keepdim=True), 5, causal=True), 16)
     by_head = (plans * mask).sum(-1)[..., 8:].mean()
     assert xt.shared_selection_loss(plans, [5], first_row=8)["shared"][0] == pytest.approx(float(by_head))
 

@@ -84,8 +84,8 @@ def test_the_indexer_trained_by_its_kl_loss_gets_the_reference_gradients():
         for backend, dtype in (("triton", F32), ("torch", F64)):
             inputs = [t.detach().to(dtype).clone().requires_grad_() for t in (iq, ik, iw)]
             I = index_scores(*inputs, backend=backend)
-            selected = topk_select(index_scores_reference(iq, ik, iw), 5) if sparse else None
-            indexer_kl_loss(p.to(dtype), I, selected).sum().backward()
+            selected = topk_select(index_scores_reference(iq, ik, iw), 5, causal=True) if sparse else None
+            indexer_kl_loss(p.to(dtype), I, selected, causal=True).sum().backward()
             grads.append([t.grad for t in inputs])
         for name, a, b in zip(("d index_q", "d index_k", "d index_w"), *grads):
             _close(f"{name} (sparse={sparse})", a, b)
@@ -101,8 +101,9 @@ def test_the_causal_index_kernel_skips_the_upper_tiles_and_selects_as_the_refere
     # 16 x 16 tiles under the interpreter: the tiles wholly above the diagonal hold -inf, no score.
     tile_above = (torch.arange(37)[None, :] // 16) > (torch.arange(37)[:, None] // 16)
     assert torch.isneginf(causal[..., tile_above]).all() and torch.isfinite(causal[..., ~tile_above]).all()
-    want = topk_select(index_scores_reference(iq, ik, iw), 5)
-    assert torch.equal(topk_select(causal, 5), want) and torch.equal(topk_select(full, 5), want)
+    want = topk_select(index_scores_reference(iq, ik, iw), 5, causal=True)
+    assert torch.equal(topk_select(causal, 5, causal=True), want) and torch.equal(topk_select(full, 5, causal=True),
+                                                                                  want)
 
 
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")    # numpy's NaN, interpreted
@@ -155,7 +156,7 @@ def test_forward_and_every_gradient_match_the_float64_reference(B, H, T, D, Dv, 
 def test_causal_rows_with_fewer_visible_keys_than_slots_are_dense_causal_attention():
     q, k, v, iq, ik, iw = _inputs(B=1, H=2, T=23, D=40, seed=6)
     o = topk_attention(q.float(), k.float(), v.float(), iq.float(), ik.float(), iw.float(), top_k=30,
-                       backend="triton")
+                       backend="triton", causal=True)
     _close("o", o, softmax_attention_reference(q, k, v, scale=40 ** -0.5, causal=True)[0])
 
 
@@ -186,7 +187,7 @@ def test_non_finite_keys_and_values_outside_the_selection_leak_nowhere(poison):
     (where the reference points its padded slots): outputs and gradients are those of clean inputs,
     and the poisoned keys get exactly zero gradient."""
     q, k, v, iq, ik, iw = _inputs(B=1, H=2, T=29, D=16, seed=9)
-    idx = topk_select(index_scores_reference(iq, ik, iw), 3)
+    idx = topk_select(index_scores_reference(iq, ik, iw), 3, causal=True)
     chosen = torch.zeros(29, dtype=torch.bool)
     chosen[idx[idx >= 0]] = True
     assert (~chosen).sum() >= 3
@@ -197,7 +198,7 @@ def test_non_finite_keys_and_values_outside_the_selection_leak_nowhere(poison):
     for kk, vv in ((k, v), (kp, vp)):
         inputs = [t.float().requires_grad_() for t in (q, kk, vv)]
         o, lse = topk_attention(*inputs, iq.float(), ik.float(), iw.float(), top_k=3, return_lse=True,
-                                backend="triton")
+                                backend="triton", causal=True)
         (o.sum() + lse.sum()).backward()
         results.append((o, lse, *(t.grad for t in inputs)))
     for name, clean, dirty in zip(("o", "lse", "dq", "dk", "dv"), *results):
@@ -210,8 +211,8 @@ def test_a_non_finite_value_inside_the_selection_makes_only_its_rows_nan():
     q, k, v, iq, ik, iw = _inputs(B=1, H=2, T=17, D=16, seed=10)
     v[0, 1, 4, 2] = math.nan
     args = [t.float() for t in (q, k, v, iq, ik, iw)]
-    o, idx = topk_attention(*args, top_k=4, return_indices=True, backend="triton")
-    ro = topk_attention(*args, top_k=4, backend="torch")
+    o, idx = topk_attention(*args, top_k=4, return_indices=True, backend="triton", causal=True)
+    ro = topk_attention(*args, top_k=4, backend="torch", causal=True)
     assert torch.equal(torch.isnan(o), torch.isnan(ro))
     rows = (idx[0, 0] == 4).any(-1)
     assert torch.isnan(o[0, 1, rows]).any(-1).all() and not torch.isnan(o[0, 0]).any()
@@ -222,9 +223,9 @@ def test_a_non_finite_value_inside_the_selection_makes_only_its_rows_nan():
 def test_empty_batches_and_sequences_match_the_public_reference(B, T):
     q, k, v, iq, ik, iw = (t.float().requires_grad_() for t in _inputs(B=B, T=T, seed=11))
     o, lse, idx = topk_attention(q, k, v, iq, ik, iw, top_k=3, return_lse=True, return_indices=True,
-                                 backend="triton")
+                                 backend="triton", causal=True)
     ro, rlse, ridx = topk_attention(q, k, v, iq, ik, iw, top_k=3, return_lse=True, return_indices=True,
-                                    backend="torch")
+                                    backend="torch", causal=True)
     assert o.shape == ro.shape and lse.shape == rlse.shape and idx.shape == ridx.shape
     (o.sum() + lse.sum()).backward()
     assert q.grad.shape == q.shape and k.grad.shape == k.shape and v.grad.shape == v.shape
@@ -239,14 +240,14 @@ def test_an_indexer_in_float64_feeds_the_attention_kernel_through_the_reference_
     attention (the kernel) select with the reference scores."""
     q, k, v, iq, ik, iw = _inputs(B=1, H=2, T=19, D=16, seed=12)
     o, idx = topk_attention(q.float(), k.float(), v.float(), iq, ik, iw, top_k=4, return_indices=True,
-                            backend="triton")
-    assert torch.equal(idx, topk_select(index_scores_reference(iq, ik, iw), 4))
+                            backend="triton", causal=True)
+    assert torch.equal(idx, topk_select(index_scores_reference(iq, ik, iw), 4, causal=True))
     _close("o", o, topk_attention_reference(q, k, v, idx, scale=0.25)[0])
 
 
 def test_the_attention_output_gives_the_indexer_no_gradient():
     q, k, v, iq, ik, iw = (t.float().requires_grad_() for t in _inputs(B=1, T=13, seed=13))
-    topk_attention(q, k, v, iq, ik, iw, top_k=4, backend="triton").sum().backward()
+    topk_attention(q, k, v, iq, ik, iw, top_k=4, backend="triton", causal=True).sum().backward()
     assert iq.grad is None and ik.grad is None and iw.grad is None
     assert q.grad is not None and k.grad is not None and v.grad is not None
 
@@ -254,5 +255,5 @@ def test_the_attention_output_gives_the_indexer_no_gradient():
 def test_auto_takes_the_reference_on_the_cpu():
     """The backend rule: on CPU tensors ``auto`` is the reference (the kernels are for CUDA devices)."""
     q, k, v, iq, ik, iw = (t.float() for t in _inputs(B=1, T=13, seed=14))
-    assert torch.equal(topk_attention(q, k, v, iq, ik, iw, top_k=4),
-                       topk_attention(q, k, v, iq, ik, iw, top_k=4, backend="torch"))
+    assert torch.equal(topk_attention(q, k, v, iq, ik, iw, top_k=4, causal=True),
+                       topk_attention(q, k, v, iq, ik, iw, top_k=4, backend="torch", causal=True))

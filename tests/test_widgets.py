@@ -6,13 +6,16 @@ import pytest
 import torch
 
 from attnlib import widgets
+from attnlib.experiments import eot as xe
+
+from .test_experiments import _tiny_report  # the same made-up kernel report the reader is tested on
 
 
 def test_transport_plan_figure_has_a_frame_per_eps_and_correct_marginals():
     g = torch.Generator().manual_seed(0)
     C = torch.randn(5, 7, generator=g, dtype=torch.float64)
     eps = [0.1, 1.0, 10.0]
-    fig = widgets.transport_plan_figure(C, eps)
+    fig = widgets.transport_plan_figure(xe.transport_plans(C, eps))
     assert len(fig.frames) == 3 and len(fig.layout.sliders[0].steps) == 3
     for fr in fig.frames:
         one, one_rows, one_cols, two, two_rows, two_cols = fr.data
@@ -26,7 +29,7 @@ def test_transport_plan_figure_has_a_frame_per_eps_and_correct_marginals():
 def test_attention_map_figure_causal_trace_is_lower_triangular():
     g = torch.Generator().manual_seed(1)
     q, k = torch.randn(6, 4, generator=g), torch.randn(6, 4, generator=g)
-    fig = widgets.attention_map_figure(q, k, [0.5, 2.0])
+    fig = widgets.attention_map_figure(xe.attention_maps(q, k, [0.5, 2.0]))
     causal = np.asarray(fig.data[1].z)
     assert np.allclose(np.triu(causal, 1), 0) and np.allclose(causal.sum(1), 1)
     assert len(fig.layout.updatemenus[0].buttons) == 2
@@ -35,20 +38,29 @@ def test_attention_map_figure_causal_trace_is_lower_triangular():
 def test_explorers_build_and_respond():
     pytest.importorskip("ipywidgets")
     C = torch.randn(3, 4, dtype=torch.float64)
-    box = widgets.transport_plan_explorer(C)
+    box = widgets.transport_plan_explorer(lambda eps: xe.plan_pair(C, eps))
     slider, fig = box.children
     before = np.asarray(fig.data[0].z).copy()
     slider.value = 0.05
     assert not np.allclose(before, np.asarray(fig.data[0].z))
+    q, k = torch.randn(4, 3), torch.randn(4, 3)
+    box = widgets.attention_explorer(lambda tau: xe.attention_map(q, k, tau))
+    (_tau, causal), fig = box.children[0].children, box.children[1]
+    causal.value = True
+    assert np.allclose(np.triu(np.asarray(fig.data[0].z), 1), 0)
 
 
 def test_widget_inputs_are_validated():
     with pytest.raises(ValueError, match="expected a \\[Nq, Nk\\] cost matrix"):
-        widgets.transport_plan_figure(torch.zeros(3), [1.0])
+        xe.transport_plans(torch.zeros(3), [1.0])
     with pytest.raises(ValueError, match="eps_values"):
-        widgets.transport_plan_figure(torch.zeros(2, 2), [0.0])
+        xe.transport_plans(torch.zeros(2, 2), [0.0])
     with pytest.raises(ValueError, match="to match q"):
-        widgets.attention_map_figure(torch.zeros(3, 2), torch.zeros(3, 4), [1.0])
+        xe.attention_maps(torch.zeros(3, 2), torch.zeros(3, 4), [1.0])
+    with pytest.raises(ValueError, match="plans must hold at least one"):
+        widgets.transport_plan_figure([])
+    with pytest.raises(TypeError, match="maps\\[0\\] must be an attnlib.experiments.eot.AttentionMap"):
+        widgets.attention_map_figure([torch.zeros(2, 2)])
 
 
 # --- chapter 3 ------------------------------------------------------------------------------------
@@ -63,19 +75,19 @@ def test_crossover_figure_band_and_explorer_follow_the_measurements():
          64: {"T": [64, 128, 256], "softmax": [4, 16, 64], "linear": [16, 32, 64],
               "softmax_q1": [4, 16, 64], "softmax_q3": [4, 16, 64],
               "linear_q1": [16, 32, 64], "linear_q3": [16, 32, 64]}}
-    fig = lw.crossover_figure(m)
+    fig = lw.crossover_figure(xl.crossover_fits(m))
     assert len(fig.frames) == 2
     names = [t.name for t in fig.frames[0].data]
     assert any("quartiles" in n for n in names) and any("slope 2.00" in n for n in names)
     assert fig.frames[0].data[-1].x[0] == pytest.approx(128)
     model = xl.cost_model(m)
-    box = lw.crossover_explorer(model)
+    box = lw.crossover_explorer(lambda T, D: xl.model_prediction(model, T, D))
     (d_slider, _t), fig_w = box.children[0].children, box.children[1]
     before = list(fig_w.data[0].y)
     d_slider.value = 256
     assert list(fig_w.data[0].y) != before
     with pytest.raises(ValueError, match="lacks 'linear'"):
-        lw.crossover_figure({16: {"T": [1, 2], "softmax": [1, 2]}})
+        xl.crossover_fits({16: {"T": [1, 2], "softmax": [1, 2]}})
 
 
 # --- chapter 4 ------------------------------------------------------------------------------------
@@ -88,9 +100,10 @@ def test_deltanet_figures_have_a_frame_per_step_and_show_the_stability_edge():
     from attnlib.experiments.recall import state_trajectory
     S_lin = state_trajectory(k, v, 1.0, rule="linear")
     torch.testing.assert_close(S_lin[-1], v.T @ k)                   # S_T = sum_t v_t k_t^T
-    fig = wdn.singular_values_figure(k, v, 1.0, steps=[1, 10, 30])
+    from attnlib.experiments import deltanet as xd
+    fig = wdn.singular_values_figure(xd.state_spectra(k, v, 1.0), steps=[1, 10, 30])
     assert len(fig.frames) == 3 and len(fig.layout.sliders[0].steps) == 3
-    fig = wdn.stability_figure(betas=(1.0, 2.5), T=120, D=8)
+    fig = wdn.stability_figure(xd.stability_histories(betas=(1.0, 2.5), T=120, D=8))
     assert len(fig.frames) == 2
     ok, bad = (max(fr.data[0].y) for fr in fig.frames)
     assert ok < 10 < 1e3 < bad
@@ -117,74 +130,6 @@ def test_weights_comparison_figure_has_a_frame_per_step_and_validates_panels():
         widgets.weights_comparison_figure([{"a": np.full((2, 2), np.nan)}], ["a"], prefix="", title="")
     with pytest.raises(ValueError, match="zmax must be a finite number > 0"):
         widgets.weights_comparison_figure(steps, ["a", "b"], prefix="", title="", zmax=0.0)
-
-
-def test_normalised_linear_attention_weights_are_a_plan_only_with_positive_features():
-    from attnlib.experiments.weights import linear_attention_weights
-    g = torch.Generator().manual_seed(0)
-    q, k = (0.5 * torch.randn(12, 6, generator=g, dtype=torch.float64) for _ in range(2))
-    for fm in ("elu1", "favor+"):
-        W = linear_attention_weights(q, k, feature_map=fm).numpy()
-        assert np.allclose(W.sum(1), 1, atol=1e-4) and W.min() >= 0
-        assert np.allclose(np.triu(W, 1), 0)                              # causal
-    W_id = linear_attention_weights(q, k).numpy()
-    assert np.allclose(W_id.sum(1), 1, atol=1e-3) and W_id.min() < 0
-    # the weights are what the library computes: W @ V equals the output for any V
-    from attnlib import linear_attention
-    v = torch.randn(1, 1, 12, 3, generator=g, dtype=torch.float64)
-    o = linear_attention(q[None, None], k[None, None], v, scale=1.0, feature_map="elu1", normalize=True)
-    assert np.allclose(linear_attention_weights(q, k, feature_map="elu1") @ v[0, 0], o[0, 0])
-
-
-def test_delta_rule_implied_weights_match_su_and_turn_negative_on_non_negative_input():
-    from attnlib.deltanet import implied_weights
-    g = torch.Generator().manual_seed(1)
-    T = 10
-    q = torch.nn.functional.normalize(torch.rand(T, 5, generator=g, dtype=torch.float64), dim=-1)
-    k = torch.nn.functional.normalize(torch.rand(T, 5, generator=g, dtype=torch.float64), dim=-1)
-    W = implied_weights(q, k, 1.0).numpy()
-    su = (q @ k.T).tril() @ torch.linalg.inv(torch.eye(T, dtype=torch.float64) + (k @ k.T).tril(-1))
-    assert np.allclose(W, su.numpy(), atol=1e-12)
-    assert (q @ k.T).min() >= 0 and W.min() < 0                          # not a plan
-    with pytest.raises(ValueError, match="both be \\[T, D\\]"):
-        implied_weights(q, k[:5], 1.0)
-
-
-def test_lab_glue_is_silent_in_the_notebook(capsys):
-    from attnlib.lab import setup
-    lab = setup(seed=0)
-    lab.glue("x", 1.5)
-    import plotly.graph_objects as go
-    lab.glue_figure("f", go.Figure(go.Scatter(y=[1, 2])))
-    assert capsys.readouterr().out == ""
-
-
-def _tiny_report():
-    """A report in the shape scripts/kernel_report.py writes, two shapes, made up here."""
-    def ln(phase, kernel, nbytes, programs=None):
-        return {"phase": phase, "kind": "triton", "kernel": kernel, "bytes": nbytes, "programs": programs}
-    launches = {
-        "attnlib|linear|1x2x64x16|sm_90": {"launches": [ln("fwd", "a_fwd", 640, 4), ln("bwd", "a_bwd", 1280, 8)]},
-        "fla|linear|1x2x64x16|sm_90": {"launches": [ln("fwd", "f1", 512), ln("fwd", "f2", 512), ln("bwd", "f3", 2048)]},
-        "attnlib|linear|2x2x32x16|sm_90": {"launches": [ln("fwd", "a_fwd", 640), ln("bwd", "a_bwd", 1280)]},
-        "fla|linear|2x2x32x16|sm_90": {"launches": [ln("fwd", "f1", 1024), ln("bwd", "f3", 2048)]},
-    }
-    rows = [{"op": "linear", "target": "sm_90", "pass": "fwd", "shape": {"B": 1, "H": 2, "T": 64, "D": 16},
-             "attnlib": {"bytes": 640}, "anchor": {"name": "fla", "bytes": 1024}, "ratio": 0.625}]
-    return {"launches": launches, "rows": rows, "shapes": ["1x2x64x16", "2x2x32x16"], "ops": ["linear"]}
-
-
-def test_launch_bytes_are_read_per_launch_and_per_pass():
-    from attnlib.experiments import kernels as xk
-
-    r = _tiny_report()
-    got = xk.launches(r, "fla", "linear", "1x2x64x16")
-    assert [(x.phase, x.kernel, x.bytes) for x in got] == [("fwd", "f1", 512), ("fwd", "f2", 512), ("bwd", "f3", 2048)]
-    assert xk.pass_bytes(r, "fla", "linear", "1x2x64x16") == {"fwd": 1024, "bwd": 2048}
-    assert xk.ratio_rows(r, "linear") == [{"shape": "1x2x64x16", "pass": "fwd", "attnlib": 640, "anchor": 1024,
-                                           "ratio": 0.625, "anchor_name": "fla"}]
-    with pytest.raises(KeyError, match="no capture"):
-        xk.launches(r, "attnlib", "delta", "1x2x64x16")
 
 
 def test_launch_bytes_figure_stacks_launches_per_token_and_head_with_a_step_per_shape():
@@ -233,9 +178,10 @@ def _heatmap_columns(trace):
 
 
 def test_plucker_features_figure_shows_every_column_of_every_step():
+    from attnlib.experiments.grassmann import plucker_feature_maps
     from attnlib.grassmann import pair_indices
     from attnlib.widgets.grassmann import features_figure
-    fig = features_figure(torch.randn(10, 6, dtype=torch.float64), [3, 6], [1, 4])
+    fig = features_figure(plucker_feature_maps(torch.randn(10, 6, dtype=torch.float64), [3, 6], [1, 4]))
     opening = _extent(_heatmap_columns(fig.data[0]))
     for fr in fig.frames:
         (hm,) = fr.data
@@ -275,10 +221,11 @@ def test_launch_bytes_figure_axes_cover_every_step():
 
 
 def test_crossover_figure_x_range_covers_every_head_dim():
+    from attnlib.experiments import linear as xl
     from attnlib.widgets import linear as lw
     m = {16: {"T": [64, 128, 256], "softmax": [1, 4, 16], "linear": [2, 4, 8]},
          64: {"T": [256, 1024, 4096], "softmax": [16, 256, 4096], "linear": [8, 32, 128]}}
-    fig = lw.crossover_figure(m)
+    fig = lw.crossover_figure(xl.crossover_fits(m))
 
     def extent(data):
         return _extent([x for t in data if t.x is not None for x in t.x])
@@ -298,8 +245,12 @@ def test_crossover_figure_x_range_covers_every_head_dim():
 # data lies inside the axis ranges in force.
 
 def _figure_builders():
-    from attnlib import needle
     from attnlib.deltanet import implied_weights
+    from attnlib.experiments import anna as xa
+    from attnlib.experiments import deltanet as xd
+    from attnlib.experiments import grassmann as xg
+    from attnlib.experiments import linear as xl
+    from attnlib.experiments import needle
     from attnlib.experiments.kernels import Launch
     from attnlib.experiments.weights import softmax_weights
     from attnlib.grassmann import CausalGrassmannMixing
@@ -323,35 +274,36 @@ def _figure_builders():
     summary = {"softmax": {"anna_error_mean": torch.rand(2, 2, generator=g), "anna_error_std": torch.zeros(2, 2),
                            "surrogate_error": (0.1, 0.01), "n_seeds": 2}}
     return {
-        "transport_plan": lambda: widgets.transport_plan_figure(torch.randn(5, 7, generator=g), [0.1, 1.0, 10.0]),
-        "attention_map": lambda: widgets.attention_map_figure(q, k, [0.5, 2.0]),
+        "transport_plan": lambda: widgets.transport_plan_figure(
+            xe.transport_plans(torch.randn(5, 7, generator=g), [0.1, 1.0, 10.0])),
+        "attention_map": lambda: widgets.attention_map_figure(xe.attention_maps(q, k, [0.5, 2.0])),
         "weights_comparison": lambda: widgets.weights_comparison_figure(
             [{"softmax (the plan)": W, "delta rule, implied weights": implied_weights(q, k, b).numpy()}
              for b in (0.5, 1.0)], ["0.5", "1"],
             prefix="β = ", title="weights"),
-        "probe_map": lambda: nw.probe_map_figure(algos),
-        "row_vs_M": lambda: nw.row_vs_M_figure(algos[0], [1, 10, 100]),
+        "probe_map": lambda: nw.probe_map_figure(needle.probe_maps(algos)),
+        "row_vs_M": lambda: nw.row_vs_M_figure(needle.rows_vs_M(algos[0], [1, 10, 100])),
         "error_curves": lambda: nw.error_curves_figure([1, 10], {"a": [0, 1], "b": [1, 2]}, x_title="M"),
         "error_vs_M_by_T": lambda: nw.error_vs_M_by_T_figure([32, 64], [1, 10], {32: {"a": [0, 1]}, 64: {"a": [1, 2]}}),
         "work": lambda: nw.work_figure([32, 64], {"a": [10, 40]}),
         "curves": lambda: widgets.curves_figure({"a": ([1, 2], [3, 4]), "b": ([1, 3], [2, 2])}, title="c",
                                                 x_title="x (s)", y_title="y (m)", log_x=True),
-        "state_buildup": lambda: lw.state_buildup_figure(q, k, v[:, :3]),
-        "crossover": lambda: lw.crossover_figure(m),
-        "singular_values": lambda: wdn.singular_values_figure(keys, v, 1.0, steps=[1, 4, 8]),
-        "stability": lambda: wdn.stability_figure(betas=(1.0, 2.5), T=40, D=4),
+        "state_buildup": lambda: lw.state_buildup_figure(xl.state_buildup(q, k, v[:, :3])),
+        "crossover": lambda: lw.crossover_figure(xl.crossover_fits(m)),
+        "singular_values": lambda: wdn.singular_values_figure(xd.state_spectra(keys, v, 1.0), steps=[1, 4, 8]),
+        "stability": lambda: wdn.stability_figure(xd.stability_histories(betas=(1.0, 2.5), T=40, D=4)),
         "launch_bytes": lambda: wk.launch_bytes_figure(per_shape, title="bytes"),
-        "anna_plan": lambda: wa.anna_plan_figure(q, k, [(1, 2), (4, 4), (16, 8)]),
+        "anna_plan": lambda: wa.anna_plan_figure(xa.anna_plans(q, k, [(1, 2), (4, 4), (16, 8)])),
         "collision": lambda: wa.collision_figure([0, 1, 2], {"x": [1, .5, 0]}, {"x": [1, .4, 0]}, title="collisions"),
         "conditions": lambda: wa.conditions_heatmap([1, 2], [3, 4], [[.1, .2], [.3, .4]], title="conditions"),
         "reproduction": lambda: wa.reproduction_figure(summary, [1, 4], [2, 4], title="distilled"),
-        "planes": lambda: wg.planes_figure([(np.array([1., 0, 0]), np.array([0, 2., 1]))]),
-        "needle_maps": lambda: nw.needle_maps_figure(algos[:3], M=40.0),
+        "planes": lambda: wg.planes_figure(xg.planes_in_r3([(np.array([1., 0, 0]), np.array([0, 2., 1]))])),
+        "needle_maps": lambda: nw.needle_maps_figure(needle.needle_maps(algos[:3], M=40.0)),
         "gate_weights": lambda: wdn.gate_weights_figure(
             W, [implied_weights(q, k, 1.0, np.log(a)).numpy() for a in (1.0, 0.5)], [1.0, 0.5], beta=1.0),
         "plane_mixing": _plane_mixing,
-        "pair": lambda: wg.pair_figure(CausalGrassmannMixing(8, reduced_dim=5, offsets=(1, 2)),
-                                       torch.randn(1, 6, 8, generator=g), 5, 2, tokens=list("abcdef")),
+        "pair": lambda: wg.pair_figure(xg.pair_plane(CausalGrassmannMixing(8, reduced_dim=5, offsets=(1, 2)),
+                                                     torch.randn(1, 6, 8, generator=g), 5, 2), tokens=list("abcdef")),
         "hybrid_recall": lambda: wh.hybrid_recall_figure(
             {"Gated DeltaNet": {0: [.3, .35], .5: [.8, .9], 1: [1, .98]}, "linear": {0: [.2, .25], 1: [1, .98]}},
             title="recall", chance=1 / 8, ratio_labels={0: "all-linear", 1: "all-softmax"}),
@@ -359,8 +311,8 @@ def _figure_builders():
             {task: {lr: {"all-linear": [[(0, .1), (25, .2), (50, .3)]] * 2, "1:1": [[(0, .1), (25, .9), (50, 1)]] * 2}
                     for lr in (3e-3, 1e-2, 3e-2)} for task in ("fits", "exceeds")},
             title="MQAR recall while training", chance={"fits": 1 / 8, "exceeds": 1 / 64}),
-        "plucker_features": lambda: wg.features_figure(torch.randn(10, 6, generator=g, dtype=torch.float64),
-                                                       [3, 6], [1, 4]),
+        "plucker_features": lambda: wg.features_figure(xg.plucker_feature_maps(
+            torch.randn(10, 6, generator=g, dtype=torch.float64), [3, 6], [1, 4])),
         "flash_walk": _flash_walk,
         "roofline": _roofline,
         "topk_map": _topk_map,
@@ -416,12 +368,12 @@ def _plane_mixing():
     from attnlib.grassmann import CausalGrassmannMixing
     from attnlib.widgets.grassmann import plane_mixing_figure
     torch.manual_seed(0)
-    offsets, L, t = (1, 2, 4), 10, 6
-    h = torch.randn(1, L, 5, dtype=torch.float64)
+    offsets, T, t = (1, 2, 4), 10, 6
+    h = torch.randn(1, T, 5, dtype=torch.float64)
     pt = gx.pair_terms(CausalGrassmannMixing(5, 3, offsets).double(), h, t)
-    eye = torch.eye(L, dtype=torch.float64)[None, None]
+    eye = torch.eye(T, dtype=torch.float64)[None, None]
     plan = softmax_attention(pt["z"][None, None], pt["z"][None, None], eye, causal=True)[0, 0]
-    return plane_mixing_figure(pt, t, plan, gx.pairing_pattern(L, offsets))
+    return plane_mixing_figure(pt, t, plan, gx.pairing_pattern(T, offsets))
 
 
 FIGURES = sorted(_figure_builders())
@@ -644,27 +596,11 @@ def test_gate_weights_figure_steps_over_the_gate_and_keeps_the_plan():
         gate_weights_figure(plan, Ws, alphas[:2], beta=1.0)
 
 
-def test_gated_implied_weights_reach_deltanet_and_the_diagonal_at_the_gate_limits():
-    from attnlib import deltanet
-    g = torch.Generator().manual_seed(3)
-    q, k = (torch.nn.functional.normalize(torch.randn(9, 4, generator=g, dtype=torch.float64), dim=-1)
-            for _ in range(2))
-    assert torch.allclose(deltanet.implied_weights(q, k, 0.7, 0.0), deltanet.implied_weights(q, k, 0.7))
-    tiny = deltanet.implied_weights(q, k, 0.7, np.log(1e-12))
-    assert torch.allclose(tiny, torch.diag(0.7 * (q * k).sum(1)), atol=1e-9)
-    # o = W v for any v: the weights are what the layer computes
-    v = torch.randn(1, 1, 9, 3, generator=g, dtype=torch.float64)
-    gate = torch.full((1, 1, 9), np.log(0.8), dtype=torch.float64)
-    o, _ = deltanet.delta_rule_recurrent_reference(q[None, None], k[None, None], v,
-                                                   torch.full((1, 1, 9), 0.7, dtype=torch.float64), gate, scale=1.0)
-    assert torch.allclose(deltanet.implied_weights(q, k, 0.7, np.log(0.8)) @ v[0, 0], o[0, 0])
-
-
 def test_needle_maps_figure_has_a_step_per_algorithm_and_the_exact_plan():
-    from attnlib import needle
+    from attnlib.experiments import needle
     from attnlib.widgets.needle import needle_maps_figure
     algos = [needle.make(n, T=32, d=8, seed=0) for n in ("sliding_window", "performer", "linformer")]
-    fig = needle_maps_figure(algos, M=40.0)
+    fig = needle_maps_figure(needle.needle_maps(algos, M=40.0))
     _check_map_figure(fig, "subquadratic attention algorithms", 3, ["xaxis", "yaxis", "xaxis2", "yaxis2", "yaxis3"])
     for algo, fr in zip(algos, fig.frames):
         case = needle.attack(algo, M=40.0)
@@ -676,17 +612,9 @@ def test_needle_maps_figure_has_a_step_per_algorithm_and_the_exact_plan():
         assert np.allclose(on_j + rest, 1, atol=1e-5)
         assert on_j[0] == pytest.approx(needle.needle_mass(32, 40.0), abs=1e-6) and on_j[1] <= 8 / 32 + 1e-6
     with pytest.raises(ValueError, match="share one T"):
-        needle_maps_figure([algos[0], needle.make("strided", T=40, d=8)])
-
-
-def test_algorithm_rows_are_what_row_error_compares():
-    from attnlib import needle
-    algo = needle.make("strided", T=36, d=8, seed=1)
-    case = needle.attack(algo, M=20.0)
-    rows = needle.algorithm_rows(algo, case)
-    assert rows.shape == (36, 36) and rows.dtype == torch.float64
-    by_hand = float((needle.exact_rows(case)[case.i] - rows[case.i]).abs().sum())
-    assert needle.row_error(algo, case) == pytest.approx(by_hand)
+        needle.needle_maps([algos[0], needle.make("strided", T=40, d=8)])
+    with pytest.raises(TypeError, match=r"maps\[0\] must be an attnlib.experiments.needle.NeedleMap"):
+        needle_maps_figure(algos)                          # the figure draws maps; it runs no algorithm
 
 
 def test_plane_mixing_figure_steps_over_the_offsets_of_one_position():
@@ -695,17 +623,17 @@ def test_plane_mixing_figure_steps_over_the_offsets_of_one_position():
     from attnlib.grassmann import CausalGrassmannMixing
     from attnlib.widgets.grassmann import plane_mixing_figure
     torch.manual_seed(0)
-    offsets, L, t = (1, 2, 4, 8), 12, 6                         # offset 8 has no partner at t = 6
+    offsets, T, t = (1, 2, 4, 8), 12, 6                         # offset 8 has no partner at t = 6
     layer = CausalGrassmannMixing(5, 3, offsets).double()
-    h = torch.randn(1, L, 5, dtype=torch.float64)
+    h = torch.randn(1, T, 5, dtype=torch.float64)
     pt = gx.pair_terms(layer, h, t)
     assert pt["offsets"] == [1, 2, 4] and pt["partners"] == [5, 4, 2]
     assert torch.allclose(pt["terms"].sum(0) + pt["bias"], pt["signal"], atol=1e-12)
     z = pt["z"]
-    plan = softmax_attention(z[None, None], z[None, None], torch.eye(L, dtype=torch.float64)[None, None],
+    plan = softmax_attention(z[None, None], z[None, None], torch.eye(T, dtype=torch.float64)[None, None],
                              causal=True)[0, 0]
-    paired = gx.pairing_pattern(L, offsets)
-    assert paired.sum(1).tolist() == gx.valid_counts(L, offsets).tolist() and not paired.triu().any()
+    paired = gx.pairing_pattern(T, offsets)
+    assert paired.sum(1).tolist() == gx.valid_counts(T, offsets).tolist() and not paired.triu().any()
     fig = plane_mixing_figure(pt, t, plan, paired, active=2)
     _check_map_figure(fig, "Grassmann mixing", 3, ["xaxis3", "yaxis3", "xaxis4", "yaxis4", "yaxis", "yaxis2"])
     for k, fr in enumerate(fig.frames):
@@ -717,6 +645,6 @@ def test_plane_mixing_figure_steps_over_the_offsets_of_one_position():
         assert list(marker.x) == [pt["partners"][k]] and list(marker.y) == [t]
         assert max(fr.traces) < len(fig.data)
     with pytest.raises(ValueError, match="planes of R\\^3"):
-        plane_mixing_figure({**pt, "z": torch.zeros(L, 4)}, t, plan, paired)
+        plane_mixing_figure({**pt, "z": torch.zeros(T, 4)}, t, plan, paired)
     with pytest.raises(ValueError, match="causal pairing"):
         gx.pair_terms(CausalGrassmannMixing(5, 3, offsets, pairing="paper"), h.float(), t)

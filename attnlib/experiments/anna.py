@@ -1,5 +1,6 @@
 """Chapter 5's experiments: the tasks, the collision curves, the ANNA conditions, the needle, and
-the softmax-surrogate training distilled into ANNA.
+the softmax-surrogate training distilled into ANNA; and ANNA's plan beside softmax's
+(:func:`anna_plans`, :func:`anna_plan_at`), which :mod:`attnlib.widgets.anna` draws.
 
 Tasks (both from Sanford, Hsu, Telgarsky; used by Liu et al. 2025 for ANNA):
 
@@ -16,12 +17,14 @@ Tasks (both from Sanford, Hsu, Telgarsky; used by Liu et al. 2025 for ANNA):
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .. import eot
 from ..anna import (
     anna_attention,
     anna_collision_counts,
@@ -31,6 +34,7 @@ from ..anna import (
     simhash_collision_probability,
     table_collision_probability,
 )
+from .weights import anna_weights, softmax_weights
 
 
 def _gen(seed: int) -> torch.Generator:
@@ -155,14 +159,14 @@ def anna_conditions(inst: PlantedInstance, n_tables: int, n_bits: int, seed: int
     """
     v = torch.zeros(1, 1, inst.k.shape[2], 1, dtype=torch.float64)
     _, w = anna_attention(inst.q, inst.k, v, n_tables=n_tables, n_bits=n_bits, family=family, seed=seed,
-                          return_weights=True, backend="torch")
+                          return_weights=True, backend="torch", causal=False)
     w = w[0, 0]
     near, within = inst.dist <= inst.r, inst.dist <= inst.c * inst.r
     cond1 = ((w > 0) & ~within).sum(-1) == 0
     bound = 1.0 / ((within.sum(-1, keepdim=True) - 1).clamp_min(0) * n_tables + 1).double()
     cond2 = ((w < bound - 1e-12) & near).sum(-1) == 0
     proj = lsh_projections(family, n_tables, n_bits, inst.q.shape[-1], seed)
-    m = anna_collision_counts(lsh_codes(inst.q, proj, family), lsh_codes(inst.k, proj, family))[0, 0]
+    m = anna_collision_counts(lsh_codes(inst.q, proj, family), lsh_codes(inst.k, proj, family), causal=False)[0, 0]
     by_counts = (((m > 0) & ~within).sum(-1) == 0) & (((m == 0) & near).sum(-1) == 0)
     return dict(cond1=cond1.double().mean().item(), cond2=cond2.double().mean().item(),
                 both=(cond1 & cond2).double().mean().item(), both_by_counts=by_counts.double().mean().item(),
@@ -179,7 +183,7 @@ def needle_miss_rate(n_trials: int, n_keys: int, D: int, *, theta: float, n_tabl
         inst = planted_instance(1, n_keys, D, theta_near=theta, n_near=1, c=1.0, seed=seed + 31 * t)
         v = torch.zeros(1, 1, n_keys, 1, dtype=torch.float64)
         _, w = anna_attention(inst.q, inst.k, v, n_tables=n_tables, n_bits=n_bits, seed=seed + 31 * t + 15_485_863,
-                              return_weights=True, backend="torch")
+                              return_weights=True, backend="torch", causal=False)
         needle = inst.dist[0].argmin()
         misses += int(w[0, 0, 0, needle] == 0)
     p = simhash_collision_probability(theta).item()
@@ -380,7 +384,7 @@ def match2_anna_weights(model: TinyModel, x: torch.Tensor, n_tables: int, n_bits
         raise ValueError(f"weighting must be one of {WEIGHTINGS}; got {weighting!r}")
     q, k = model.attn[0].unit_qk(model.emb.weight[None])                       # [1, 1, M, d]
     proj = lsh_projections("simhash", n_tables, n_bits, q.shape[-1], seed)
-    C = anna_collision_counts(lsh_codes(q, proj, "simhash"), lsh_codes(k, proj, "simhash"))[0, 0]
+    C = anna_collision_counts(lsh_codes(q, proj, "simhash"), lsh_codes(k, proj, "simhash"), causal=False)[0, 0]
     if weighting == "set":
         C = (C > 0).to(C.dtype)                                                # each colliding key once
     x = x.to(C.device)
@@ -523,3 +527,67 @@ def partner_share(w: torch.Tensor, x: torch.Tensor, y: torch.Tensor, M: int) -> 
     mass = (w * is_partner).sum(-1)                                            # [n, i]
     has = y.to(w.device).bool()
     return (mass[has].sum() / has.sum()).item()
+
+
+# ---------------------------------------------------------------------------------------------
+# ANNA's plan beside softmax's (what attnlib.widgets.anna draws; it computes nothing)
+# ---------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class PlanStats:
+    """What a plan's title reports: its entropy, how many entries carry mass (of ``size``), how many
+    rows ship nothing, and the largest column sum."""
+    entropy: float
+    support: int
+    size: int
+    empty_rows: int
+    max_column_sum: float
+
+
+def plan_stats(P: torch.Tensor) -> PlanStats:
+    """:class:`PlanStats` of a ``[Tq, Tk]`` plan."""
+    rows = P.sum(-1)
+    return PlanStats(eot.entropy(P).item(), int((P > 0).sum()), P.numel(), int((rows == 0).sum()),
+                     P.sum(0).max().item())
+
+
+@dataclass(frozen=True)
+class AnnaPlan:
+    """Softmax's plan ``softmax(q k^T / tau)`` and ANNA's plan with ``l = n_tables`` tables of
+    ``z = n_bits`` hashes (hash seed ``seed``) on the same ``q [Tq, D]``, ``k [Tk, D]``: ``[Tq, Tk]``
+    float64 each, with their :class:`PlanStats`. ANNA's rows sum to 1, or to 0 for a query that
+    collided with no key."""
+    n_tables: int
+    n_bits: int
+    seed: int
+    tau: float
+    softmax: torch.Tensor
+    anna: torch.Tensor
+    softmax_stats: PlanStats
+    anna_stats: PlanStats
+
+
+def anna_plan_at(q, k, *, tau: float = 0.1) -> Callable[[int, int, int], AnnaPlan]:
+    """A function ``(n_tables, n_bits, seed) -> AnnaPlan`` on fixed ``q``, ``k``: softmax's plan is
+    computed once, here, and shared by every step (a live explorer calls this at every slider move)."""
+    soft = softmax_weights(q, k, tau=tau, causal=False)           # checks q and k: one head each
+    soft_stats = plan_stats(soft)
+
+    def at(n_tables: int, n_bits: int, seed: int) -> AnnaPlan:
+        P = anna_weights(q, k, n_tables, n_bits, seed=seed)
+        return AnnaPlan(n_tables, n_bits, seed, tau, soft, P, soft_stats, plan_stats(P))
+    return at
+
+
+def anna_plan(q, k, n_tables: int, n_bits: int, *, tau: float = 0.1, seed: int = 0) -> AnnaPlan:
+    """Softmax's plan and ANNA's with ``l = n_tables`` tables of ``z = n_bits`` hashes, on one head."""
+    return anna_plan_at(q, k, tau=tau)(n_tables, n_bits, seed)
+
+
+def anna_plans(q, k, settings: Sequence[tuple[int, int]], *, tau: float = 0.1, seed: int = 0) -> list[AnnaPlan]:
+    """:func:`anna_plan` for every ``(n_tables, n_bits)`` in ``settings`` (at least one), one hash seed."""
+    settings = list(settings)
+    if not settings:
+        raise ValueError("settings must hold at least one (n_tables, n_bits) pair")
+    at = anna_plan_at(q, k, tau=tau)
+    return [at(n_tables, n_bits, seed) for n_tables, n_bits in settings]

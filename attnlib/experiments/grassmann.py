@@ -15,6 +15,9 @@ GELU), post-norm (``LN(x + f(x))``, as published) or pre-norm (``x + f(LN(x))`` 
 The Grassmann mixer is :class:`attnlib.grassmann.CausalGrassmannMixing`; the attention mixer is
 multi-head causal attention through :func:`attnlib.softmax_attention`. With ``C(r, 2) ~ 2d`` the two
 mixers have nearly the same number of parameters (the paper's d = 256, r = 32 is such a pair).
+
+Figures' numbers. :mod:`attnlib.widgets.grassmann` draws what :func:`planes_in_r3`,
+:func:`plucker_feature_maps`, :func:`pair_plane` and :func:`pair_terms` return.
 """
 
 from __future__ import annotations
@@ -27,14 +30,15 @@ import sysconfig
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 from ..attention import softmax_attention
-from ..grassmann import CausalGrassmannMixing, plucker_features, valid_counts
+from ..grassmann import CausalGrassmannMixing, pair_indices, plucker, plucker_features, valid_counts
+from ._measure import count_flops
 from ._training import warmup_cosine
-from .linear import count_flops
 
 CORPUS_FILES = tuple(f + ".py" for f in sorted(
     "abc argparse ast bisect calendar colorsys contextlib copy csv dataclasses difflib enum fnmatch "
@@ -124,10 +128,10 @@ class CausalSelfAttention(nn.Module):
         self.out = nn.Linear(d_model, d_model)
 
     def forward(self, x):
-        B, L, d = x.shape
-        q, k, v = (t.reshape(B, L, self.h, d // self.h).transpose(1, 2) for t in self.qkv(x).chunk(3, -1))
+        B, T, d = x.shape
+        q, k, v = (t.reshape(B, T, self.h, d // self.h).transpose(1, 2) for t in self.qkv(x).chunk(3, -1))
         o = softmax_attention(q, k, v, causal=True)
-        return self.out(o.transpose(1, 2).reshape(B, L, d))
+        return self.out(o.transpose(1, 2).reshape(B, T, d))
 
 
 def _ffn(d: int) -> nn.Module:
@@ -188,7 +192,7 @@ class _ByteLM(nn.Module):
 
 
 class GrassmannLM(_ByteLM):
-    """Byte-level LM with causal Grassmann mixing. ``tokens [B, L] -> logits [B, L, 256]``."""
+    """Byte-level LM with causal Grassmann mixing. ``tokens [B, T] -> logits [B, T, 256]``."""
 
     def __init__(self, d_model: int = 64, n_layers: int = 2, reduced_dim: int = 16,
                  offsets=(1, 2, 4, 8, 12, 16), norm: str = "post", max_len: int = 256, backend: str = "auto"):
@@ -340,24 +344,24 @@ def summarise(runs: list[dict]) -> list[dict]:
 
 def grassmann_mixing_paper_order(layer: CausalGrassmannMixing, h: torch.Tensor) -> torch.Tensor:
     """The layer's mixing signal ``g`` computed in the published order: every offset's coordinates
-    projected to width ``d`` (a ``[B, L, |W|, d]`` product), then averaged. Equal to
-    ``layer.mixing_signal(h)[1]``; its matrix products cost ``2 L |W| C(r,2) d``."""
+    projected to width ``d`` (a ``[B, T, |W|, d]`` product), then averaged. Equal to
+    ``layer.mixing_signal(h)[1]``; its matrix products cost ``2 T |W| C(r,2) d``."""
     z = layer.reduce(h)
-    feats = plucker_features(z, layer.offsets, eps=layer.eps, backend="torch")       # [B, L, W, C]
-    proj = feats @ layer.plu.weight.T                                                # [B, L, W, d]
+    feats = plucker_features(z, layer.offsets, norm_floor=layer.norm_floor, backend="torch")       # [B, T, W, C]
+    proj = feats @ layer.plu.weight.T                                                # [B, T, W, d]
     K = valid_counts(h.shape[1], layer.offsets, device=h.device)
     valid = (torch.arange(h.shape[1], device=h.device)[:, None] - torch.tensor(layer.offsets, device=h.device) >= 0)
     g = (proj * valid[None, :, :, None]).sum(2) / K.clamp_min(1)[None, :, None]
     return g + layer.plu.bias * (K > 0)[:, None]
 
 
-def mixer_flops(L: int, d: int, r: int, offsets, n_heads: int = 8) -> dict[str, int]:
-    """Counted FLOPs of one token mixer on a ``[1, L, d]`` input: the whole Grassmann layer (reduce,
+def mixer_flops(T: int, d: int, r: int, offsets, n_heads: int = 8) -> dict[str, int]:
+    """Counted FLOPs of one token mixer on a ``[1, T, d]`` input: the whole Grassmann layer (reduce,
     projection, gate) with its signal in the published order and in the library's (average first,
     project once), and causal softmax attention with its four projections (the reference computes all
-    ``L^2`` scores, then masks). Matrix products only (``count_flops``): the elementwise work -- the
+    ``T^2`` scores, then masks). Matrix products only (``count_flops``): the elementwise work -- the
     Plücker products themselves, norms, gates -- is not counted."""
-    h = torch.zeros(1, L, d)
+    h = torch.zeros(1, T, d)
     layer = CausalGrassmannMixing(d, r, offsets, mode="features", backend="torch")
     attn = CausalSelfAttention(d, n_heads)
     def paper_order(x):
@@ -371,13 +375,13 @@ def mixer_flops(L: int, d: int, r: int, offsets, n_heads: int = 8) -> dict[str, 
         )
 
 
-def crossover(Ls, flops_a, flops_b) -> float | None:
+def crossover(Ts, flops_a, flops_b) -> float | None:
     """The first length (log-interpolated) where ``flops_b`` exceeds ``flops_a``; None if never."""
-    for i in range(1, len(Ls)):
+    for i in range(1, len(Ts)):
         a0, a1, b0, b1 = flops_a[i - 1], flops_a[i], flops_b[i - 1], flops_b[i]
         if b0 <= a0 and b1 > a1:
             f0, f1 = math.log(b0 / a0), math.log(b1 / a1)
-            x0, x1 = math.log(Ls[i - 1]), math.log(Ls[i])
+            x0, x1 = math.log(Ts[i - 1]), math.log(Ts[i])
             return math.exp(x0 + (x1 - x0) * (-f0) / (f1 - f0))
     return None
 
@@ -395,17 +399,17 @@ def reachable_lags(offsets, depth: int) -> set[int]:
     return lags
 
 
-def dependence_lags(model: _ByteLM, L: int, *, generator: torch.Generator | None = None) -> set[int]:
+def dependence_lags(model: _ByteLM, T: int, *, generator: torch.Generator | None = None) -> set[int]:
     """The lags ``k`` at which the last position's output depends on the input ``k`` steps back,
     measured by the gradient of the last output with respect to every input embedding, on a float64
     copy of ``model`` (the caller's model keeps its dtype and mode)."""
-    x = torch.randn(1, L, model.emb.weight.shape[1], generator=generator, dtype=torch.float64,
+    x = torch.randn(1, T, model.emb.weight.shape[1], generator=generator, dtype=torch.float64,
                     requires_grad=True)
     model = copy.deepcopy(model).double().eval()
     out = model.forward_embedded(x)[0, -1]
     (g,) = torch.autograd.grad(out.square().sum(), x)
     norms = g[0].norm(dim=-1)
-    return {L - 1 - t for t in range(L) if norms[t].item() > 0}
+    return {T - 1 - t for t in range(T) if norms[t].item() > 0}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -413,10 +417,10 @@ def dependence_lags(model: _ByteLM, L: int, *, generator: torch.Generator | None
 # ---------------------------------------------------------------------------------------------
 
 def pair_terms(layer: CausalGrassmannMixing, h: torch.Tensor, t: int) -> dict:
-    """What a (causal) layer mixes at position ``t`` of the input ``h [1, L, d]``, pair by pair, on a
+    """What a (causal) layer mixes at position ``t`` of the input ``h [1, T, d]``, pair by pair, on a
     float64 copy of the layer (the caller's layer is left alone). Returns a dict of float64 tensors:
 
-    * ``z [L, r]``: the reduced token states ``y`` (after the pre-norm, for ``norm="pre"``);
+    * ``z [T, r]``: the reduced token states ``y`` (after the pre-norm, for ``norm="pre"``);
     * ``offsets``, ``partners``: the offsets ``delta`` with ``t - delta >= 0`` and the positions ``t - delta``;
     * ``features [K, C(r,2)]``: the normalised Plücker coordinates of ``span(y_t, y_{t-delta})``;
     * ``terms [K, d]``: each pair's share of the mixing signal, ``W_plu features / K``;
@@ -429,17 +433,17 @@ def pair_terms(layer: CausalGrassmannMixing, h: torch.Tensor, t: int) -> dict:
         raise ValueError(f"pair_terms reads the causal pairing (y_t with y_(t-delta)); this layer pairs "
                          f"{layer.pairing!r}")
     if h.dim() != 3 or h.shape[0] != 1:
-        raise ValueError(f"h has shape {tuple(h.shape)}; expected [1, L, d_model] (one sequence)")
-    L = h.shape[1]
-    if not 0 <= t < L:
-        raise ValueError(f"t must be in [0, {L}); got {t}")
+        raise ValueError(f"h has shape {tuple(h.shape)}; expected [1, T, d_model] (one sequence)")
+    T = h.shape[1]
+    if not 0 <= t < T:
+        raise ValueError(f"t must be in [0, {T}); got {t}")
     m = copy.deepcopy(layer).double().eval()
     with torch.no_grad():
         x = h.double()
         x = m.norm(x) if m.norm_kind == "pre" else x
         z, signal = m.mixing_signal(x)
         gate = m.gate_value(x, signal)[0, t]
-        feats = plucker_features(z, m.offsets, eps=m.eps, backend="torch")[0, t]       # [|W|, C]
+        feats = plucker_features(z, m.offsets, norm_floor=m.norm_floor, backend="torch")[0, t]       # [|W|, C]
         valid = [k for k, delta in enumerate(m.offsets) if t - delta >= 0]
         feats = feats[valid]
         terms = feats @ m.plu.weight.T / max(len(valid), 1)
@@ -448,15 +452,116 @@ def pair_terms(layer: CausalGrassmannMixing, h: torch.Tensor, t: int) -> dict:
                 features=feats, terms=terms, bias=bias, signal=signal[0, t], gate=gate)
 
 
-def pairing_pattern(L: int, offsets) -> torch.Tensor:
-    """``[L, L]`` bool: True at ``(t, t - delta)`` for every offset with ``t - delta >= 0`` -- the positions
+def pairing_pattern(T: int, offsets) -> torch.Tensor:
+    """``[T, T]`` bool: True at ``(t, t - delta)`` for every offset with ``t - delta >= 0`` -- the positions
     each token is paired with, fixed in advance. Not weights on values: the layer averages the pairs'
     Plücker coordinates (uniformly), never the partners' states."""
-    t = torch.arange(L)
+    t = torch.arange(T)
     return torch.stack([(t[:, None] - t[None, :]) == delta for delta in offsets]).any(0)
+
+
+
+# ---------------------------------------------------------------------------------------------
+# What chapter 6's figures draw (attnlib.widgets.grassmann draws these; it computes nothing)
+# ---------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class PlaneR3:
+    """The plane ``span(u, w)`` of ``R^3``: the two vectors (float64 ``[3]`` each) and its Plücker
+    coordinates ``(p01, p02, p12) = (c2, -c1, c0)`` with ``c = u x w``."""
+    u: np.ndarray
+    w: np.ndarray
+    coordinates: np.ndarray
+
+
+def planes_in_r3(pairs) -> list[PlaneR3]:
+    """:class:`PlaneR3` of every pair ``(u, w)`` of vectors of ``R^3`` in ``pairs``."""
+    planes = []
+    for k, (u, w) in enumerate(pairs):
+        u, w = np.asarray(u, dtype=float), np.asarray(w, dtype=float)
+        if u.shape != (3,) or w.shape != (3,):
+            raise ValueError(f"pairs[{k}] has shapes {u.shape}, {w.shape}; expected two vectors of R^3")
+        planes.append(PlaneR3(u, w, plucker(torch.tensor(u), torch.tensor(w)).numpy()))
+    return planes
+
+
+@dataclass(frozen=True)
+class PluckerFeatureMap:
+    """The normalised Plücker coordinates of ``span(z_t[:r], z_{t-delta}[:r])`` at every position ``t``
+    of one sequence: ``features [T, C(r, 2)]`` float64 (columns: the pairs ``(i, j)`` in ``pairs``);
+    the first ``delta`` rows are zero, those positions having no partner ``delta`` steps back."""
+    r: int
+    delta: int
+    pairs: tuple[tuple[int, int], ...]
+    features: np.ndarray
+
+
+def plucker_feature_maps(z, rs, offsets) -> list[PluckerFeatureMap]:
+    """:class:`PluckerFeatureMap` for every ``(r, delta)`` in ``rs x offsets`` (``r`` outer), of one
+    sequence of reduced vectors ``z [T, R]`` with ``R >= max(rs)``."""
+    rs, offsets = [int(r) for r in rs], tuple(int(d) for d in offsets)
+    if not rs or not offsets:
+        raise ValueError(f"rs and offsets must each hold at least one value; got rs={rs}, offsets={list(offsets)}")
+    z = torch.as_tensor(z, dtype=torch.float64)
+    if z.dim() != 2 or z.shape[1] < max(rs):
+        raise ValueError(f"z has shape {tuple(z.shape)}; expected [T, R] with R >= max(rs) = {max(rs)}")
+    maps = []
+    for r in rs:
+        i, j = pair_indices(r)
+        pairs = tuple(zip(i.tolist(), j.tolist()))
+        feats = plucker_features(z[None, :, :r], offsets, backend="torch")[0]           # [T, W, C]
+        maps += [PluckerFeatureMap(r, delta, pairs, feats[:, k].numpy()) for k, delta in enumerate(offsets)]
+    return maps
+
+
+@dataclass(frozen=True)
+class PairPlane:
+    """One position ``t`` and one offset ``delta`` of a layer on one input: the plane of ``z_t`` and
+    ``z_{t-delta}`` as two vectors of ``R^3`` (``u``, ``w``: the vectors themselves for ``r = 3``, else
+    their projection onto the first three principal directions of ``z`` over the sequence --
+    ``projected``), the plane's ``C(r, 2)`` normalised Plücker coordinates (columns: ``pairs``), and the
+    gate ``alpha_t`` per channel (1 keeps ``h_t``, 0 takes the Grassmann signal) with its mean."""
+    t: int
+    delta: int
+    r: int
+    projected: bool
+    u: np.ndarray
+    w: np.ndarray
+    pairs: tuple[tuple[int, int], ...]
+    coordinates: np.ndarray
+    gate: np.ndarray
+    mean_gate: float
+
+
+def pair_plane(layer: CausalGrassmannMixing, h: torch.Tensor, t: int, delta: int) -> PairPlane:
+    """:class:`PairPlane` of ``layer`` at position ``t`` and offset ``delta`` on ``h [1, T, d]`` (the layer
+    runs in its own dtype, without gradients; the plane is read in float64)."""
+    T = h.shape[1]
+    if not 0 <= t < T:
+        raise ValueError(f"t must be in [0, {T}); got {t}")
+    if t - delta < 0:
+        raise ValueError(f"t - delta = {t - delta} < 0: position {t} has no partner {delta} steps back")
+    with torch.no_grad():
+        x = layer.norm(h) if layer.norm_kind == "pre" else h
+        z, g = layer.mixing_signal(x)
+        alpha = layer.gate_value(x, g)[0, t]
+    z = z[0].double()
+    u, w = z[t], z[t - delta]
+    p = plucker(u, w)
+    p = p / p.norm().clamp_min(layer.norm_floor)
+    r = z.shape[1]
+    if r == 3:
+        u3, w3 = u.numpy(), w.numpy()
+    else:
+        basis = torch.linalg.svd(z - z.mean(0), full_matrices=False).Vh[:3]           # [3, r]
+        u3, w3 = (basis @ u).numpy(), (basis @ w).numpy()
+    i, j = pair_indices(r)
+    return PairPlane(t, delta, r, r != 3, u3, w3, tuple(zip(i.tolist(), j.tolist())), p.numpy(),
+                     alpha.double().numpy(), alpha.mean().item())
 
 
 __all__ = ["CORPUS_FILES", "PUBLISHED", "stdlib_corpus", "GrassmannLM", "TransformerLM", "LMConfig", "QUICK",
            "FULL", "build", "matched_sizes", "train_lm", "compare", "summarise", "mixer_flops",
            "grassmann_mixing_paper_order", "crossover", "reachable_lags", "dependence_lags", "n_params",
-           "pair_terms", "pairing_pattern"]
+           "pair_terms", "pairing_pattern", "PlaneR3", "planes_in_r3", "PluckerFeatureMap",
+           "plucker_feature_maps", "PairPlane", "pair_plane"]

@@ -32,7 +32,7 @@ import torch
 import torch.nn as nn
 
 from .. import _validate
-from .linear import count_flops
+from ._measure import count_flops
 from .mqar import MIXERS, mqar_batch, recall_accuracy
 
 LINEAR_MIXERS = tuple(m for m in MIXERS if m != "softmax")
@@ -80,7 +80,7 @@ def ratio_label(ratio: float) -> str:
 # ---------------------------------------------------------------------------------------------
 
 def mixer_flops(model: nn.Module, T: int) -> int:
-    """Counted FLOPs (matrix products, :func:`attnlib.experiments.linear.count_flops`) of every token
+    """Counted FLOPs (matrix products, :func:`attnlib.experiments._measure.count_flops`) of every token
     mixer of an MQAR model (``model.blocks[i].mixer``) on one sequence of ``T`` tokens. The count
     depends on shapes only, so the input is zeros."""
     T = _validate.check_int("T", T, lo=1)

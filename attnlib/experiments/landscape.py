@@ -11,8 +11,14 @@ Three kinds of numbers, kept apart on purpose:
   the ``matmul`` part is *asserted*, not typed.
 * **Measured times** (:func:`gpu_rows` read from committed GPU JSON, :func:`cpu_decode_times` measured
   here with their quartiles): a fact of one machine, never asserted.
-* **Published designs** (:data:`DESIGNS`): each config number with the source it was read from, and a
-  flag where it could not be verified; :func:`design_table` computes cache, state, ``f`` and ``T_mem``.
+* **Published designs** (:data:`DESIGNS`, :func:`design_table` ...): they live in
+  :mod:`attnlib.experiments.published`, each config number with the source it was read from; this
+  module re-exports them for the lab.
+
+Each mechanism is one :class:`Mechanism` record in :data:`REGISTRY`: its label, its three cost
+formulas, the references that count it, its decode step for the timings, what chapter 2's adversary
+ran against it and what its state holds. The public functions look the record up; a new mechanism is
+one more record.
 
 Conventions. ``T`` is the prompt length (prefill: FLOPs per token averaged over the prompt); ``t`` the
 number of keys a decoded token reads (itself included). Causal everywhere. One sequence (batch 1), one
@@ -23,25 +29,32 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 import torch
 
-from .. import needle
 from ..anna import anna_attention_reference, lsh_projections
 from ..attention import softmax_attention, softmax_attention_reference
 from ..deltanet import delta_rule_chunk_reference, delta_rule_decode_step
 from ..grassmann import n_pairs, plucker_projection_collapsed
 from ..linear import linear_attention_chunk_reference, linear_attention_decode_step
 from ..topk import index_scores_reference, topk_attention_reference, topk_select_reference
-from .linear import count_flops, interleaved_cpu_ms
+from . import needle
+from ._measure import count_flops, interleaved_cpu_ms
+from .published import (
+    DESIGNS,
+    Cited,
+    attention_dims,
+    design_row,
+    design_sources,
+    design_table,
+    indexer_hosts,
+    pair_flops,
+    quadratic_share,
+)
 from .topk import signed_indexer_needle
 
-MECHANISMS = ("softmax", "block_sparse", "linear", "delta", "gated_delta", "anna", "grassmann", "topk", "hybrid")
-LABELS = {"softmax": "softmax (causal)", "block_sparse": "block-sparse (local band)", "linear": "linear",
-          "delta": "DeltaNet", "gated_delta": "Gated DeltaNet", "anna": "ANNA (LSH)", "grassmann": "Grassmann",
-          "topk": "top-k + indexer", "hybrid": "hybrid (1 full in r+1)"}
-RECURRENT = ("linear", "delta", "gated_delta")        # a d_k x d_v state per head
 GPU_RESULT_FILES = ("benchmarks/results/nvidia-h200-2026-11-23-softmax_attention.json",
                     "benchmarks/results/nvidia-h200-2026-11-23-block_sparse_attention.json")
 
@@ -96,8 +109,23 @@ class Flops:
 
 
 # ---------------------------------------------------------------------------------------------
-# The cost models, per layer and token
+# The cost models' shared pieces
 # ---------------------------------------------------------------------------------------------
+
+def _pair(cfg: HeadConfig) -> int:
+    """FLOPs of one (query, key) pair over all heads: a score and a weighted value, ``2 H (d_k + d_v)``."""
+    d = cfg.d_head
+    return 2 * cfg.heads * (d + d)
+
+
+def _cache_per_token(cfg: HeadConfig) -> int:
+    """Bytes of one token's keys and values in the KV cache, all key/value heads."""
+    return 2 * cfg.kv_heads * cfg.d_head * cfg.bytes_per_elem
+
+
+def _randn(gen: torch.Generator, *shape) -> torch.Tensor:
+    return torch.randn(*shape, generator=gen)
+
 
 def band_keys(t: int, cfg: HeadConfig) -> int:
     """Keys a query at position ``t`` (1-based) reads in the block-sparse local band: its own block up
@@ -136,6 +164,349 @@ def _grassmann_per_token(cfg: HeadConfig) -> Flops:
     return Flops(2 * n_pairs(r) * cfg.d_model, W * 12 * r + 3 * n_pairs(r))
 
 
+# ---------------------------------------------------------------------------------------------
+# One block per mechanism: its formulas (prefill FLOPs per token at prompt length T, decode FLOPs at t
+# keys read, bytes kept after T tokens), and the attnlib references that count it. The counting
+# functions receive the q, k, v the caller drew first, so that every mechanism draws in the same order.
+# ---------------------------------------------------------------------------------------------
+
+# --- softmax -----------------------------------------------------------------------------------
+
+def _softmax_prefill(T: int, cfg: HeadConfig) -> Flops:
+    return Flops(_pair(cfg) * (T + 1) / 2)
+
+
+def _softmax_decode(t: int, cfg: HeadConfig) -> Flops:
+    return Flops(_pair(cfg) * t)
+
+
+def _softmax_memory(T: int, cfg: HeadConfig) -> float:
+    return _cache_per_token(cfg) * T
+
+
+def _softmax_count_prefill(q, k, v, T: int, cfg: HeadConfig, gen: torch.Generator) -> float:
+    # one query row at a time against the keys it reads: the reference would form all T^2 scores
+    return sum(count_flops(lambda t=t: softmax_attention_reference(q[:, :, t - 1:t], k[:, :, :t], v[:, :, :t],
+                                                                    scale=1.0, causal=False))
+               for t in range(1, T + 1)) / T
+
+
+def _cache_count_decode(n_keys: Callable[[int, HeadConfig], int], q1, k1, v1, t: int, cfg: HeadConfig,
+                        gen: torch.Generator) -> float:
+    """One query against the ``n_keys(t)`` cached keys it reads (softmax: all ``t``; block-sparse: its band)."""
+    H, d = cfg.heads, cfg.d_head
+    n = n_keys(t, cfg)
+    k, v = _randn(gen, 1, H, n, d), _randn(gen, 1, H, n, d)
+    return count_flops(lambda: softmax_attention_reference(q1, k, v, scale=1.0, causal=False))
+
+
+def _softmax_decode_step(x: Mapping[str, torch.Tensor]) -> Callable[[], object]:
+    # one query against a cache of t keys: every key is in its past, hence not causal
+    return lambda: softmax_attention(x["q1"], x["k"], x["v"], causal=False, backend="torch")
+
+
+# --- block-sparse (local band) -----------------------------------------------------------------
+
+def _block_sparse_prefill(T: int, cfg: HeadConfig) -> Flops:
+    return Flops(_pair(cfg) * _band_prefill_pairs(T, cfg) / T)
+
+
+def _block_sparse_decode(t: int, cfg: HeadConfig) -> Flops:
+    return Flops(_pair(cfg) * band_keys(t, cfg))
+
+
+def _block_sparse_memory(T: int, cfg: HeadConfig) -> float:
+    return _cache_per_token(cfg) * min(T, cfg.band_blocks * cfg.block_size)
+
+
+def _block_sparse_count_prefill(q, k, v, T: int, cfg: HeadConfig, gen: torch.Generator) -> float:
+    # query block i against the whole key blocks of its band, as the kernel computes them
+    B, total = cfg.block_size, 0
+    for i in range(-(-T // B)):
+        lo = max(0, i - cfg.band_blocks + 1) * B
+        qs = q[:, :, i * B:(i + 1) * B]
+        total += count_flops(lambda qs=qs, lo=lo, i=i: softmax_attention_reference(
+            qs, k[:, :, lo:(i + 1) * B], v[:, :, lo:(i + 1) * B], scale=1.0, causal=False))
+    return total / T
+
+
+# --- linear attention --------------------------------------------------------------------------
+
+def _linear_prefill(T: int, cfg: HeadConfig) -> Flops:
+    H, d = cfg.heads, cfg.d_head
+    return Flops(H * (2 * cfg.chunk * (d + d) + 4 * d * d))
+
+
+def _linear_decode(t: int, cfg: HeadConfig) -> Flops:
+    # The counter counts the outer product [d_v, 1] @ [1, d_k] as 2 d_k d_v: its multiplies plus, in
+    # effect, the add into the state, which attnlib does elementwise.
+    H, d = cfg.heads, cfg.d_head
+    return Flops(H * 4 * d * d)
+
+
+def _state_memory(T: int, cfg: HeadConfig) -> float:
+    """A ``d_k x d_v`` state per head, whatever ``T`` (linear attention and both delta rules)."""
+    H, d, b = cfg.heads, cfg.d_head, cfg.bytes_per_elem
+    return H * d * d * b
+
+
+def _linear_count_prefill(q, k, v, T: int, cfg: HeadConfig, gen: torch.Generator) -> float:
+    return count_flops(lambda: linear_attention_chunk_reference(q, k, v, causal=True, chunk_size=cfg.chunk)) / T
+
+
+def _linear_count_decode(q1, k1, v1, t: int, cfg: HeadConfig, gen: torch.Generator) -> float:
+    S = _randn(gen, 1, cfg.heads, cfg.d_head, cfg.d_head)
+    return count_flops(lambda: linear_attention_decode_step(q1, k1, v1, initial_state=S))
+
+
+def _linear_decode_step(x: Mapping[str, torch.Tensor]) -> Callable[[], object]:
+    return lambda: linear_attention_decode_step(x["q1"], x["k1"], x["v1"], initial_state=x["S"])
+
+
+# --- the delta rule, plain and gated -----------------------------------------------------------
+
+def _delta_prefill(gated: bool, T: int, cfg: HeadConfig) -> Flops:
+    H, d, C = cfg.heads, cfg.d_head, cfg.chunk
+    return Flops(H * (6 * C * d + 4 * C * d + 6 * d * d), H * _delta_chunk_elementwise(cfg, gated))
+
+
+def _delta_decode(gated: bool, t: int, cfg: HeadConfig) -> Flops:
+    H, d = cfg.heads, cfg.d_head
+    extra = 2 * d * d + 2 * d + (d * d if gated else 0)
+    return Flops(H * 4 * d * d, H * extra)
+
+
+def _delta_count_prefill(gated: bool, q, k, v, T: int, cfg: HeadConfig, gen: torch.Generator) -> float:
+    H = cfg.heads
+    beta = torch.rand(1, H, T, generator=gen)
+    g = -torch.rand(1, H, T, generator=gen) if gated else None
+    return count_flops(lambda: delta_rule_chunk_reference(q, k, v, beta, g, scale=1.0, chunk_size=cfg.chunk)) / T
+
+
+def _delta_count_decode(gated: bool, q1, k1, v1, t: int, cfg: HeadConfig, gen: torch.Generator) -> float:
+    H, d = cfg.heads, cfg.d_head
+    S, beta = _randn(gen, 1, H, d, d), torch.rand(1, H, 1, generator=gen)
+    g = -torch.rand(1, H, 1, generator=gen) if gated else None
+    return count_flops(lambda: delta_rule_decode_step(q1, k1, v1, beta, g=g, initial_state=S))
+
+
+def _gated_delta_decode_step(x: Mapping[str, torch.Tensor]) -> Callable[[], object]:
+    return lambda: delta_rule_decode_step(x["q1"], x["k1"], x["v1"], x["beta"], g=x["g"], initial_state=x["S"])
+
+
+# --- ANNA (LSH) --------------------------------------------------------------------------------
+
+def _anna_per_token(T: int, cfg: HeadConfig) -> Flops:
+    """Hash the query and the key, add ``v`` to one bucket and read one bucket per table: the same in
+    prefill and decode."""
+    H, d, l, z = cfg.heads, cfg.d_head, cfg.lsh_tables, cfg.lsh_bits
+    return Flops(H * 4 * l * z * d, H * (2 * l * d + d))
+
+
+def _anna_memory(T: int, cfg: HeadConfig) -> float:
+    return cfg.heads * cfg.lsh_tables * min(T, 2 ** cfg.lsh_bits) * (cfg.d_head + 1) * cfg.bytes_per_elem
+
+
+def _anna_count_prefill(q, k, v, T: int, cfg: HeadConfig, gen: torch.Generator) -> float:
+    proj = lsh_projections("simhash", cfg.lsh_tables, cfg.lsh_bits, cfg.d_head, seed=0).float()
+    return count_flops(lambda: anna_attention_reference(q, k, v, proj, family="simhash", causal=True)) / T
+
+
+# --- Grassmann ---------------------------------------------------------------------------------
+
+def _grassmann_cost(T: int, cfg: HeadConfig) -> Flops:
+    # no quadratic part: the same per-token work in prefill and decode, whatever T
+    return _grassmann_per_token(cfg)
+
+
+def _grassmann_memory(T: int, cfg: HeadConfig) -> float:
+    return max(cfg.grassmann_offsets) * cfg.grassmann_rank * cfg.bytes_per_elem
+
+
+def _grassmann_count_prefill(q, k, v, T: int, cfg: HeadConfig, gen: torch.Generator) -> float:
+    z, w = _randn(gen, 1, T, cfg.grassmann_rank), _randn(gen, cfg.d_model, n_pairs(cfg.grassmann_rank))
+    return count_flops(lambda: plucker_projection_collapsed(z, w, cfg.grassmann_offsets)) / T
+
+
+# --- top-k + indexer ---------------------------------------------------------------------------
+
+def _topk_prefill(T: int, cfg: HeadConfig) -> Flops:
+    HI, dI = cfg.index_heads, cfg.index_dim
+    k = cfg.top_k                                            # mean of min(k, t) over t = 1..T
+    mean_keys = (T + 1) / 2 if T <= k else (k * (k + 1) / 2 + (T - k) * k) / T
+    return Flops(2 * HI * dI * (T + 1) / 2 + _pair(cfg) * mean_keys, 3 * HI * (T + 1) / 2)
+
+
+def _topk_decode(t: int, cfg: HeadConfig) -> Flops:
+    HI, dI = cfg.index_heads, cfg.index_dim
+    return Flops(2 * HI * dI * t + _pair(cfg) * min(cfg.top_k, t), 3 * HI * t)
+
+
+def _topk_memory(T: int, cfg: HeadConfig) -> float:
+    # the KV cache does not shrink, and one index key per token is added to it
+    return (_cache_per_token(cfg) + cfg.index_dim * cfg.bytes_per_elem) * T
+
+
+def _topk_count_prefill(q, k, v, T: int, cfg: HeadConfig, gen: torch.Generator) -> float:
+    # per query, as for softmax: the references would score and gather for all T queries at once
+    iq, ik = _randn(gen, 1, cfg.index_heads, T, cfg.index_dim), _randn(gen, 1, 1, T, cfg.index_dim)
+    iw = torch.rand(1, cfg.index_heads, T, generator=gen)
+    total = 0
+    for t in range(1, T + 1):
+        I = index_scores_reference(iq[:, :, t - 1:t], ik[:, :, :t], iw[:, :, t - 1:t])   # [1, 1, 1, t]
+        idx = topk_select_reference(I, cfg.top_k, causal=False)
+        total += count_flops(lambda t=t: index_scores_reference(iq[:, :, t - 1:t], ik[:, :, :t], iw[:, :, t - 1:t]))
+        total += count_flops(lambda t=t, idx=idx: topk_attention_reference(q[:, :, t - 1:t], k[:, :, :t],
+                                                                           v[:, :, :t], idx, scale=1.0))
+    return total / T
+
+
+def _topk_count_decode(q1, k1, v1, t: int, cfg: HeadConfig, gen: torch.Generator) -> float:
+    H, d = cfg.heads, cfg.d_head
+    iq, ik, iw = _randn(gen, 1, cfg.index_heads, 1, cfg.index_dim), _randn(gen, 1, 1, t, cfg.index_dim), torch.rand(
+        1, cfg.index_heads, 1, generator=gen)
+    k, v = _randn(gen, 1, H, t, d), _randn(gen, 1, H, t, d)
+    idx = topk_select_reference(index_scores_reference(iq, ik, iw), cfg.top_k, causal=False)
+    return (count_flops(lambda: index_scores_reference(iq, ik, iw))
+            + count_flops(lambda: topk_attention_reference(q1, k, v, idx, scale=1.0)))
+
+
+# The one place the counter and the model differ: a top-k query at t = 1 has one slot, and the einsum
+# ``p @ v_sel`` over a single slot is an elementwise product, which FlopCounterMode does not count. So the
+# counted prefill of the top-k layer falls short of the model by ``2 H d_v / T`` per token, no more.
+def _topk_count_tolerance(T: int, cfg: HeadConfig) -> float:
+    return 2 * cfg.heads * cfg.d_head / T
+
+
+# --- hybrid: r Gated DeltaNet layers per full softmax layer ------------------------------------
+
+def _hybrid_prefill(T: int, cfg: HeadConfig) -> Flops:
+    r = cfg.hybrid_ratio
+    return (prefill_flops("gated_delta", T, cfg).scaled(r) + prefill_flops("softmax", T, cfg)).scaled(1 / (r + 1))
+
+
+def _hybrid_decode(t: int, cfg: HeadConfig) -> Flops:
+    r = cfg.hybrid_ratio
+    return (decode_flops("gated_delta", t, cfg).scaled(r) + decode_flops("softmax", t, cfg)).scaled(1 / (r + 1))
+
+
+def _hybrid_memory(T: int, cfg: HeadConfig) -> float:
+    r = cfg.hybrid_ratio
+    return (r * memory_bytes("gated_delta", T, cfg) + memory_bytes("softmax", T, cfg)) / (r + 1)
+
+
+# ---------------------------------------------------------------------------------------------
+# The registry
+# ---------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Mechanism:
+    """Everything the landscape knows about one mechanism.
+
+    ``prefill(T, cfg)``, ``decode(t, cfg)`` (:class:`Flops`) and ``memory(T, cfg)`` (bytes) are its cost
+    formulas; ``count_prefill(q, k, v, T, cfg, gen)`` and ``count_decode(q1, k1, v1, t, cfg, gen)`` count
+    the attnlib references that compute the same thing (None: nothing to count), and
+    ``count_tolerance(T, cfg)`` is how far that count may fall below the formula's ``matmul`` (None: 0).
+    ``decode_step(inputs)`` builds one timed decode step from :func:`cpu_decode_times`' inputs (None: not
+    timed). ``adversary`` is ``(chapter 2's algorithm or None, what ran, why the adversary wins or does not
+    apply)``; ``recall_rule`` the capacity experiment's rule that stands for it (None: none);
+    ``capacity_note`` what its state keeps (``{dim}`` is filled in); ``recurrent`` whether it keeps a
+    ``d_k x d_v`` state per head."""
+    name: str
+    label: str
+    prefill: Callable[[int, HeadConfig], Flops]
+    decode: Callable[[int, HeadConfig], Flops]
+    memory: Callable[[int, HeadConfig], float]
+    adversary: tuple[str | None, str, str]
+    capacity_note: str
+    recall_rule: str | None = None
+    recurrent: bool = False
+    count_prefill: Callable[..., float] | None = None
+    count_decode: Callable[..., float] | None = None
+    count_tolerance: Callable[[int, HeadConfig], float] | None = None
+    decode_step: Callable[[Mapping[str, torch.Tensor]], Callable[[], object]] | None = None
+
+
+_NOT_SOFTMAX = "not an approximation of softmax: the adversary's error is undefined"
+
+REGISTRY: dict[str, Mechanism] = {m.name: m for m in (
+    Mechanism(
+        "softmax", "softmax (causal)", _softmax_prefill, _softmax_decode, _softmax_memory,
+        adversary=("exact", "softmax attention itself", "the operator itself: nothing to miss"),
+        capacity_note="keeps every pair (the cache grows)", recall_rule="softmax",
+        count_prefill=_softmax_count_prefill, count_decode=partial(_cache_count_decode, lambda t, cfg: t),
+        decode_step=_softmax_decode_step),
+    Mechanism(
+        "block_sparse", "block-sparse (local band)", _block_sparse_prefill, _block_sparse_decode,
+        _block_sparse_memory,
+        adversary=("sliding_window", "chapter 2's sliding window (a band of sqrt(T) keys)",
+                   "a fixed pattern: the needle goes outside the band"),
+        capacity_note="exact inside its band, nothing outside",
+        count_prefill=_block_sparse_count_prefill, count_decode=partial(_cache_count_decode, band_keys)),
+    Mechanism(
+        "linear", "linear", _linear_prefill, _linear_decode, _state_memory,
+        adversary=("performer", "chapter 2's Performer (FAVOR+ positive random features)",
+                   "random features estimate the needle's weight with a variance that grows like e^M; other "
+                   "feature maps approximate no softmax"),
+        capacity_note="crosstalk (N-1)/d_k: degrades past N ~ d_k = {dim}", recall_rule="linear", recurrent=True,
+        count_prefill=_linear_count_prefill, count_decode=_linear_count_decode, decode_step=_linear_decode_step),
+    Mechanism(
+        "delta", "DeltaNet", partial(_delta_prefill, False), partial(_delta_decode, False), _state_memory,
+        adversary=(None, "", _NOT_SOFTMAX),
+        capacity_note="replaces overwritten keys; below Hebbian for distinct keys past N ~ d_k = {dim}",
+        recall_rule="delta", recurrent=True,
+        count_prefill=partial(_delta_count_prefill, False), count_decode=partial(_delta_count_decode, False)),
+    Mechanism(
+        "gated_delta", "Gated DeltaNet", partial(_delta_prefill, True), partial(_delta_decode, True), _state_memory,
+        adversary=(None, "", _NOT_SOFTMAX),
+        capacity_note="as the delta rule, with a decay (gate 1 here: no forgetting)", recall_rule="delta",
+        recurrent=True, count_prefill=partial(_delta_count_prefill, True),
+        count_decode=partial(_delta_count_decode, True), decode_step=_gated_delta_decode_step),
+    Mechanism(
+        "anna", "ANNA (LSH)", _anna_per_token, _anna_per_token, _anna_memory,
+        adversary=("lsh", "chapter 2's angular-LSH buckets (Reformer-style rounds)",
+                   "the needle sits across a hyperplane of every round"),
+        capacity_note="what shares a bucket with the query", count_prefill=_anna_count_prefill),
+    Mechanism(
+        "grassmann", "Grassmann", _grassmann_cost, _grassmann_cost, _grassmann_memory,
+        adversary=(None, "", "no attention rows: it mixes fixed offsets, not a softmax over keys"),
+        capacity_note="no key-value store: the last max(offsets) tokens", count_prefill=_grassmann_count_prefill),
+    Mechanism(
+        "topk", "top-k + indexer", _topk_prefill, _topk_decode, _topk_memory,
+        adversary=("lightning_indexer", "chapter 7's top-k layer (topk_attention) with a 64-head, 128-dim "
+                   "indexer, signed weights",
+                   "the needle's index key is placed where its index score is the row's lowest, at every M"),
+        capacity_note="exact over the k selected keys, if the indexer selects them",
+        count_prefill=_topk_count_prefill, count_decode=_topk_count_decode, count_tolerance=_topk_count_tolerance),
+    Mechanism(
+        "hybrid", "hybrid (1 full in r+1)", _hybrid_prefill, _hybrid_decode, _hybrid_memory,
+        adversary=(None, "", "its full layers are exact; its linear layers are not approximations of softmax"),
+        capacity_note="its full layers keep every pair"),
+)}
+
+MECHANISMS = tuple(REGISTRY)
+LABELS = {m: r.label for m, r in REGISTRY.items()}
+RECURRENT = tuple(m for m, r in REGISTRY.items() if r.recurrent)          # a d_k x d_v state per head
+COUNTED_PREFILL = tuple(m for m, r in REGISTRY.items() if r.count_prefill is not None)
+COUNTED_DECODE = tuple(m for m, r in REGISTRY.items() if r.count_decode is not None)
+# What ran against chapter 2's needle for each mechanism -- (the algorithm's name, what it is, why the
+# adversary wins or why it does not apply). Where the book has the operator itself in a form the adversary
+# can be aimed at (softmax, the top-k layer), that is what runs; elsewhere it is chapter 2's small model of
+# the family, and the table says so.
+ADVERSARY = {m: r.adversary for m, r in REGISTRY.items()}
+
+
+def _mechanism(mechanism: str) -> Mechanism:
+    try:
+        return REGISTRY[mechanism]
+    except (KeyError, TypeError):                            # TypeError: not even hashable
+        raise ValueError(f"unknown mechanism {mechanism!r}; expected one of {MECHANISMS}") from None
+
+
+# ---------------------------------------------------------------------------------------------
+# The cost models, per layer and token
+# ---------------------------------------------------------------------------------------------
+
 def prefill_flops(mechanism: str, T: int, cfg: HeadConfig = HeadConfig()) -> Flops:
     """FLOPs per token of a causal prefill of ``T`` tokens, one layer (all heads), as the kernels
     compute it. ``d = d_head``, ``H = heads``:
@@ -154,32 +525,7 @@ def prefill_flops(mechanism: str, T: int, cfg: HeadConfig = HeadConfig()) -> Flo
                   weighted ReLU sum, plus ``2 H (d_k + d_v)`` times the mean of ``min(k, t)``
     hybrid        ``(r gated_delta + softmax) / (r + 1)``
     """
-    H, d = cfg.heads, cfg.d_head
-    pair = 2 * H * (d + d)                                       # one (query, key) pair, all heads
-    if mechanism == "softmax":
-        return Flops(pair * (T + 1) / 2)
-    if mechanism == "block_sparse":
-        return Flops(pair * _band_prefill_pairs(T, cfg) / T)
-    if mechanism == "linear":
-        return Flops(H * (2 * cfg.chunk * (d + d) + 4 * d * d))
-    if mechanism in ("delta", "gated_delta"):
-        C = cfg.chunk
-        return Flops(H * (6 * C * d + 4 * C * d + 6 * d * d),
-                     H * _delta_chunk_elementwise(cfg, mechanism == "gated_delta"))
-    if mechanism == "anna":
-        l, z = cfg.lsh_tables, cfg.lsh_bits
-        return Flops(H * 4 * l * z * d, H * (2 * l * d + d))
-    if mechanism == "grassmann":
-        return _grassmann_per_token(cfg)
-    if mechanism == "topk":
-        HI, dI = cfg.index_heads, cfg.index_dim
-        k = cfg.top_k                                            # mean of min(k, t) over t = 1..T
-        mean_keys = (T + 1) / 2 if T <= k else (k * (k + 1) / 2 + (T - k) * k) / T
-        return Flops(2 * HI * dI * (T + 1) / 2 + pair * mean_keys, 3 * HI * (T + 1) / 2)
-    if mechanism == "hybrid":
-        r = cfg.hybrid_ratio
-        return (prefill_flops("gated_delta", T, cfg).scaled(r) + prefill_flops("softmax", T, cfg)).scaled(1 / (r + 1))
-    raise ValueError(f"unknown mechanism {mechanism!r}; expected one of {MECHANISMS}")
+    return _mechanism(mechanism).prefill(T, cfg)
 
 
 def decode_flops(mechanism: str, t: int, cfg: HeadConfig = HeadConfig()) -> Flops:
@@ -196,31 +542,7 @@ def decode_flops(mechanism: str, t: int, cfg: HeadConfig = HeadConfig()) -> Flop
     topk          ``2 H_I d_I t`` (+ ``3 H_I t``) for the indexer, ``2 H (d_k + d_v) min(k, t)`` for attention
     hybrid        ``(r gated_delta + softmax) / (r + 1)``
     """
-    H, d = cfg.heads, cfg.d_head
-    pair = 2 * H * (d + d)
-    if mechanism == "softmax":
-        return Flops(pair * t)
-    if mechanism == "block_sparse":
-        return Flops(pair * band_keys(t, cfg))
-    if mechanism == "linear":
-        # The counter counts the outer product [d_v, 1] @ [1, d_k] as 2 d_k d_v: its multiplies plus, in
-        # effect, the add into the state, which attnlib does elementwise.
-        return Flops(H * 4 * d * d)
-    if mechanism in ("delta", "gated_delta"):
-        extra = 2 * d * d + 2 * d + (d * d if mechanism == "gated_delta" else 0)
-        return Flops(H * 4 * d * d, H * extra)
-    if mechanism == "anna":
-        l, z = cfg.lsh_tables, cfg.lsh_bits
-        return Flops(H * 4 * l * z * d, H * (2 * l * d + d))
-    if mechanism == "grassmann":
-        return _grassmann_per_token(cfg)
-    if mechanism == "topk":
-        HI, dI = cfg.index_heads, cfg.index_dim
-        return Flops(2 * HI * dI * t + pair * min(cfg.top_k, t), 3 * HI * t)
-    if mechanism == "hybrid":
-        r = cfg.hybrid_ratio
-        return (decode_flops("gated_delta", t, cfg).scaled(r) + decode_flops("softmax", t, cfg)).scaled(1 / (r + 1))
-    raise ValueError(f"unknown mechanism {mechanism!r}; expected one of {MECHANISMS}")
+    return _mechanism(mechanism).decode(t, cfg)
 
 
 def memory_bytes(mechanism: str, T: int, cfg: HeadConfig = HeadConfig()) -> float:
@@ -234,24 +556,7 @@ def memory_bytes(mechanism: str, T: int, cfg: HeadConfig = HeadConfig()) -> floa
     topk          ``(2 H_kv d_h + d_I) b T`` -- the KV cache does not shrink, and one index key per token
     hybrid        ``(r gated_delta + softmax) / (r + 1)``
     """
-    H, d, b = cfg.heads, cfg.d_head, cfg.bytes_per_elem
-    cache_per_token = 2 * cfg.kv_heads * d * b
-    if mechanism == "softmax":
-        return cache_per_token * T
-    if mechanism == "block_sparse":
-        return cache_per_token * min(T, cfg.band_blocks * cfg.block_size)
-    if mechanism in RECURRENT:
-        return H * d * d * b
-    if mechanism == "anna":
-        return H * cfg.lsh_tables * min(T, 2 ** cfg.lsh_bits) * (d + 1) * b
-    if mechanism == "grassmann":
-        return max(cfg.grassmann_offsets) * cfg.grassmann_rank * b
-    if mechanism == "topk":
-        return (cache_per_token + cfg.index_dim * b) * T
-    if mechanism == "hybrid":
-        r = cfg.hybrid_ratio
-        return (r * memory_bytes("gated_delta", T, cfg) + memory_bytes("softmax", T, cfg)) / (r + 1)
-    raise ValueError(f"unknown mechanism {mechanism!r}; expected one of {MECHANISMS}")
+    return _mechanism(mechanism).memory(T, cfg)
 
 
 def landscape_curves(lengths: Sequence[int], cfg: HeadConfig = HeadConfig(),
@@ -275,88 +580,22 @@ def _count_prefill(mechanism: str, T: int, cfg: HeadConfig, gen: torch.Generator
     it reads -- because their references form all ``T^2`` scores and mask afterwards (the kernels skip
     the masked blocks); the others run their chunked references on the whole prompt."""
     H, d = cfg.heads, cfg.d_head
-
-    def rnd(*shape):
-        return torch.randn(*shape, generator=gen)
-
-    q, k, v = rnd(1, H, T, d), rnd(1, H, T, d), rnd(1, H, T, d)
-    if mechanism == "softmax":
-        return sum(count_flops(lambda t=t: softmax_attention_reference(q[:, :, t - 1:t], k[:, :, :t], v[:, :, :t],
-                                                                        scale=1.0)) for t in range(1, T + 1)) / T
-    if mechanism == "block_sparse":
-        B, total = cfg.block_size, 0
-        for i in range(-(-T // B)):
-            lo = max(0, i - cfg.band_blocks + 1) * B
-            qs = q[:, :, i * B:(i + 1) * B]
-            total += count_flops(lambda qs=qs, lo=lo, i=i: softmax_attention_reference(
-                qs, k[:, :, lo:(i + 1) * B], v[:, :, lo:(i + 1) * B], scale=1.0))
-        return total / T
-    if mechanism == "linear":
-        return count_flops(lambda: linear_attention_chunk_reference(q, k, v, chunk_size=cfg.chunk)) / T
-    if mechanism in ("delta", "gated_delta"):
-        beta = torch.rand(1, H, T, generator=gen)
-        g = -torch.rand(1, H, T, generator=gen) if mechanism == "gated_delta" else None
-        return count_flops(lambda: delta_rule_chunk_reference(q, k, v, beta, g, scale=1.0, chunk_size=cfg.chunk)) / T
-    if mechanism == "anna":
-        proj = lsh_projections("simhash", cfg.lsh_tables, cfg.lsh_bits, d, seed=0).float()
-        return count_flops(lambda: anna_attention_reference(q, k, v, proj, family="simhash", causal=True)) / T
-    if mechanism == "grassmann":
-        z, w = rnd(1, T, cfg.grassmann_rank), rnd(cfg.d_model, n_pairs(cfg.grassmann_rank))
-        return count_flops(lambda: plucker_projection_collapsed(z, w, cfg.grassmann_offsets)) / T
-    if mechanism == "topk":
-        iq, ik = rnd(1, cfg.index_heads, T, cfg.index_dim), rnd(1, 1, T, cfg.index_dim)
-        iw = torch.rand(1, cfg.index_heads, T, generator=gen)
-        total = 0
-        for t in range(1, T + 1):
-            I = index_scores_reference(iq[:, :, t - 1:t], ik[:, :, :t], iw[:, :, t - 1:t])   # [1, 1, 1, t]
-            idx = topk_select_reference(I, cfg.top_k, causal=False)
-            total += count_flops(lambda t=t: index_scores_reference(iq[:, :, t - 1:t], ik[:, :, :t], iw[:, :, t - 1:t]))
-            total += count_flops(lambda t=t, idx=idx: topk_attention_reference(q[:, :, t - 1:t], k[:, :, :t],
-                                                                               v[:, :, :t], idx, scale=1.0))
-        return total / T
-    raise ValueError(f"no reference to count for {mechanism!r}")
+    q, k, v = _randn(gen, 1, H, T, d), _randn(gen, 1, H, T, d), _randn(gen, 1, H, T, d)
+    return REGISTRY[mechanism].count_prefill(q, k, v, T, cfg, gen)
 
 
 def _count_decode(mechanism: str, t: int, cfg: HeadConfig, gen: torch.Generator) -> float:
     """Counted matrix-product FLOPs of one decode step that reads ``t`` positions, on the references."""
     H, d = cfg.heads, cfg.d_head
-
-    def rnd(*shape):
-        return torch.randn(*shape, generator=gen)
-
-    q1, k1, v1 = rnd(1, H, 1, d), rnd(1, H, 1, d), rnd(1, H, 1, d)
-    if mechanism in ("softmax", "block_sparse"):
-        n = t if mechanism == "softmax" else band_keys(t, cfg)
-        k, v = rnd(1, H, n, d), rnd(1, H, n, d)
-        return count_flops(lambda: softmax_attention_reference(q1, k, v, scale=1.0))
-    if mechanism == "linear":
-        S = rnd(1, H, d, d)
-        return count_flops(lambda: linear_attention_decode_step(q1, k1, v1, S))
-    if mechanism in ("delta", "gated_delta"):
-        S, beta = rnd(1, H, d, d), torch.rand(1, H, 1, generator=gen)
-        g = -torch.rand(1, H, 1, generator=gen) if mechanism == "gated_delta" else None
-        return count_flops(lambda: delta_rule_decode_step(q1, k1, v1, beta, S, g=g))
-    if mechanism == "topk":
-        iq, ik, iw = rnd(1, cfg.index_heads, 1, cfg.index_dim), rnd(1, 1, t, cfg.index_dim), torch.rand(
-            1, cfg.index_heads, 1, generator=gen)
-        k, v = rnd(1, H, t, d), rnd(1, H, t, d)
-        idx = topk_select_reference(index_scores_reference(iq, ik, iw), cfg.top_k, causal=False)
-        return (count_flops(lambda: index_scores_reference(iq, ik, iw))
-                + count_flops(lambda: topk_attention_reference(q1, k, v, idx, scale=1.0)))
-    raise ValueError(f"no decode reference to count for {mechanism!r}")
-
-
-# The one place the counter and the model differ: a top-k query at t = 1 has one slot, and the einsum
-# ``p @ v_sel`` over a single slot is an elementwise product, which FlopCounterMode does not count. So the
-# counted prefill of the top-k layer falls short of the model by ``2 H d_v / T`` per token, no more.
-COUNTED_PREFILL = ("softmax", "block_sparse", "linear", "delta", "gated_delta", "anna", "grassmann", "topk")
-COUNTED_DECODE = ("softmax", "block_sparse", "linear", "delta", "gated_delta", "topk")
+    q1, k1, v1 = _randn(gen, 1, H, 1, d), _randn(gen, 1, H, 1, d), _randn(gen, 1, H, 1, d)
+    return REGISTRY[mechanism].count_decode(q1, k1, v1, t, cfg, gen)
 
 
 def count_tolerance(mechanism: str, T: int, cfg: HeadConfig = HeadConfig()) -> float:
     """How far (FLOPs per token) the counted prefill may fall below the model's ``matmul`` part: 0, except
     for the top-k layer, whose first query's single-slot ``p @ v_sel`` the counter misses (``2 H d_v / T``)."""
-    return 2 * cfg.heads * cfg.d_head / T if mechanism == "topk" else 0.0
+    record = REGISTRY.get(mechanism)
+    return 0.0 if record is None or record.count_tolerance is None else record.count_tolerance(T, cfg)
 
 
 def counted_flops(lengths: Sequence[int], cfg: HeadConfig, *, generator: torch.Generator
@@ -454,18 +693,21 @@ def cpu_decode_times(contexts: Sequence[int], cfg: HeadConfig, *, reps: int = 7,
 
     Returns ``{mechanism: {"t": [...], "median": [...], "q1": [...], "q3": [...]}}``. A fact of this
     machine at this moment: shown, never asserted."""
+    timed = tuple(m for m, r in REGISTRY.items() if r.decode_step is not None)
+    unknown = [m for m in mechanisms if m not in timed]
+    if unknown:
+        raise ValueError(f"mechanisms must be among {timed} (those with a timed decode step); got {unknown}")
     H, d = cfg.heads, cfg.d_head
     calls = {}
     for t in contexts:
-        q1, k1, v1 = (torch.randn(1, H, 1, d, generator=generator) for _ in range(3))
-        k, v = torch.randn(1, H, t, d, generator=generator), torch.randn(1, H, t, d, generator=generator)
-        S = torch.randn(1, H, d, d, generator=generator)
-        beta, g = torch.rand(1, H, 1, generator=generator), -torch.rand(1, H, 1, generator=generator)
-        calls["softmax", t] = lambda q1=q1, k=k, v=v: softmax_attention(q1, k, v, backend="torch")
-        calls["linear", t] = lambda q1=q1, k1=k1, v1=v1, S=S: linear_attention_decode_step(q1, k1, v1, S)
-        calls["gated_delta", t] = lambda q1=q1, k1=k1, v1=v1, S=S, b=beta, g=g: delta_rule_decode_step(
-            q1, k1, v1, b, S, g=g)
-    calls = {key: fn for key, fn in calls.items() if key[0] in mechanisms}
+        # every input is drawn whichever mechanisms are timed, so a subset times the same tensors
+        x = dict(zip(("q1", "k1", "v1"), (torch.randn(1, H, 1, d, generator=generator) for _ in range(3))))
+        x["k"], x["v"] = torch.randn(1, H, t, d, generator=generator), torch.randn(1, H, t, d, generator=generator)
+        x["S"] = torch.randn(1, H, d, d, generator=generator)
+        x["beta"], x["g"] = torch.rand(1, H, 1, generator=generator), -torch.rand(1, H, 1, generator=generator)
+        for m in timed:
+            if m in mechanisms:
+                calls[m, t] = REGISTRY[m].decode_step(x)
     samples = interleaved_cpu_ms(calls, reps)
     out: dict[str, dict[str, list]] = {}
     for m in mechanisms:
@@ -484,30 +726,7 @@ class _ExactSoftmax:
     name = "softmax"
 
     def attend(self, q, k, v):
-        return softmax_attention(q, k, v, backend="torch")
-
-
-# What ran against chapter 2's needle for each mechanism -- (the algorithm's name, what it is, why the
-# adversary wins or why it does not apply). Where the book has the operator itself in a form the adversary
-# can be aimed at (softmax, the top-k layer), that is what runs; elsewhere it is chapter 2's small model of
-# the family, and the table says so.
-ADVERSARY = {
-    "softmax": ("exact", "softmax attention itself", "the operator itself: nothing to miss"),
-    "block_sparse": ("sliding_window", "chapter 2's sliding window (a band of sqrt(T) keys)",
-                     "a fixed pattern: the needle goes outside the band"),
-    "linear": ("performer", "chapter 2's Performer (FAVOR+ positive random features)",
-               "random features estimate the needle's weight with a variance that grows like e^M; other "
-               "feature maps approximate no softmax"),
-    "delta": (None, "", "not an approximation of softmax: the adversary's error is undefined"),
-    "gated_delta": (None, "", "not an approximation of softmax: the adversary's error is undefined"),
-    "anna": ("lsh", "chapter 2's angular-LSH buckets (Reformer-style rounds)",
-             "the needle sits across a hyperplane of every round"),
-    "grassmann": (None, "", "no attention rows: it mixes fixed offsets, not a softmax over keys"),
-    "topk": ("lightning_indexer", "chapter 7's top-k layer (topk_attention) with a 64-head, 128-dim indexer, "
-             "signed weights",
-             "the needle's index key is placed where its index score is the row's lowest, at every M"),
-    "hybrid": (None, "", "its full layers are exact; its linear layers are not approximations of softmax"),
-}
+        return softmax_attention(q, k, v, causal=False, backend="torch")
 
 
 def adversary_errors(T: int = 256, d: int = 16, M: float = 80.0, *, top_k: int = 16,
@@ -553,255 +772,26 @@ def exactness_table(errors: Mapping[str, float | None], pair_counts: Sequence[in
     capacity experiment has the mechanism, and trained MQAR recalls from ``mqar`` (trained elsewhere):
     ``mqar[column][mechanism]`` becomes the row's ``"mqar_<column>"`` (blank where a mechanism has none).
     ``recall`` is :func:`attnlib.experiments.recall.recall_vs_pairs`'s output."""
-    rule = {"softmax": "softmax", "linear": "linear", "delta": "delta", "gated_delta": "delta"}
     mqar = mqar or {}
     rows = []
-    for mech in MECHANISMS:
-        algo, ran, why = ADVERSARY[mech]
-        row = {"mechanism": LABELS[mech], "adversary": ran if algo else "n/a", "error": errors.get(mech), "why": why}
-        r = rule.get(mech)
+    for mech, record in REGISTRY.items():
+        algo, ran, why = record.adversary
+        row = {"mechanism": record.label, "adversary": ran if algo else "n/a", "error": errors.get(mech), "why": why}
+        r = record.recall_rule
         for regime in recall:
             for idx in (0, -1):
                 key = f"recall_{regime}_N{pair_counts[idx]}"
                 row[key] = None if r is None else float(recall[regime][r][idx].mean())
-        row["capacity_note"] = {
-            "softmax": "keeps every pair (the cache grows)",
-            "linear": f"crosstalk (N-1)/d_k: degrades past N ~ d_k = {dim}",
-            "delta": f"replaces overwritten keys; below Hebbian for distinct keys past N ~ d_k = {dim}",
-            "gated_delta": "as the delta rule, with a decay (gate 1 here: no forgetting)",
-            "block_sparse": "exact inside its band, nothing outside",
-            "topk": "exact over the k selected keys, if the indexer selects them",
-            "anna": "what shares a bucket with the query",
-            "grassmann": "no key-value store: the last max(offsets) tokens",
-            "hybrid": "its full layers keep every pair",
-        }[mech]
+        row["capacity_note"] = record.capacity_note.format(dim=dim)
         for column, by_mech in mqar.items():
             row[f"mqar_{column}"] = by_mech.get(mech)
         rows.append(row)
     return rows
 
 
-# ---------------------------------------------------------------------------------------------
-# Published designs, as cited
-# ---------------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Cited:
-    """A config number with where it was read (URL / arXiv id and field) and whether the source itself
-    was read (``verified``) or only a copy or summary of it."""
-    value: object
-    source: str
-    verified: bool = True
-
-
-_TF = "https://github.com/huggingface/transformers/blob/main/src/transformers/models"
-_QWEN = f"{_TF}/qwen3_next/configuration_qwen3_next.py (defaults, documented as Qwen3-Next-80B-A3B's)"
-_JAMBA = f"{_TF}/jamba/configuration_jamba.py (defaults, documented as Jamba-v0.1's)"
-_MIXTRAL = f"{_TF}/mixtral/configuration_mixtral.py (defaults, checkpoint mistralai/Mixtral-8x7B-v0.1)"
-_DSV3 = f"{_TF}/deepseek_v3/configuration_deepseek_v3.py (defaults, DeepSeek-V3)"
-_DSV32 = "https://github.com/deepseek-ai/DeepSeek-V3.2-Exp inference/config_671B_v3.2.json"
-_KIMI = ("huggingface.co/moonshotai/Kimi-Linear-48B-A3B-Instruct config.json, as reproduced in several public "
-         "repositories (the file itself not read); arXiv 2510.26692")
-_MINIMAX = "huggingface.co/MiniMaxAI/MiniMax-Text-01 model card (Model Architecture); arXiv 2501.08313"
-
-# Each design: its layers by kind, the full-attention layers' cache per token and layer (numbers), and
-# the recurrent layers' state (numbers). Fields carry their sources.
-DESIGNS: dict[str, dict[str, Cited | str]] = {
-    "Qwen3-Next-80B-A3B": dict(
-        linear_kind="Gated DeltaNet", full_kind="gated attention (GQA)",
-        n_layers=Cited(48, f"{_QWEN}: num_hidden_layers"),
-        full_every=Cited(4, f"{_QWEN}: full_attention_interval (layer i is full when (i+1) % 4 == 0)"),
-        q_heads=Cited(16, f"{_QWEN}: num_attention_heads"),
-        kv_heads=Cited(2, f"{_QWEN}: num_key_value_heads"), head_dim=Cited(256, f"{_QWEN}: head_dim"),
-        lin_v_heads=Cited(32, f"{_QWEN}: linear_num_value_heads"),
-        lin_k_heads=Cited(16, f"{_QWEN}: linear_num_key_heads"),
-        lin_dk=Cited(128, f"{_QWEN}: linear_key_head_dim"), lin_dv=Cited(128, f"{_QWEN}: linear_value_head_dim"),
-        conv=Cited(4, f"{_QWEN}: linear_conv_kernel_dim"),
-    ),
-    "Kimi Linear 48B-A3B": dict(
-        linear_kind="KDA (gated delta rule, channel-wise decay)", full_kind="MLA (NoPE)",
-        n_layers=Cited(27, f"{_KIMI}: num_hidden_layers", verified=False),
-        full_layers=Cited((4, 8, 12, 16, 20, 24, 27), f"{_KIMI}: linear_attn_config.full_attn_layers (1-based)",
-                          verified=False),
-        mla_heads=Cited(32, f"{_KIMI}: num_attention_heads", verified=False),
-        mla_latent=Cited(512, f"{_KIMI}: kv_lora_rank", verified=False),
-        mla_rope=Cited(64, f"{_KIMI}: qk_rope_head_dim (cached beside the latent, as in DeepSeek's MLA; with "
-                           "mla_use_nope the 64 dims may not be rotated, but they are still keys)", verified=False),
-        mla_nope=Cited(128, f"{_KIMI}: qk_nope_head_dim", verified=False),
-        mla_v=Cited(128, f"{_KIMI}: v_head_dim", verified=False),
-        lin_v_heads=Cited(32, f"{_KIMI}: linear_attn_config.num_heads", verified=False),
-        lin_k_heads=Cited(32, f"{_KIMI}: linear_attn_config.num_heads", verified=False),
-        lin_dk=Cited(128, f"{_KIMI}: linear_attn_config.head_dim", verified=False),
-        lin_dv=Cited(128, f"{_KIMI}: linear_attn_config.head_dim (d_v = d_k)", verified=False),
-        conv=Cited(4, f"{_KIMI}: linear_attn_config.short_conv_kernel_size", verified=False),
-    ),
-    "MiniMax-Text-01": dict(
-        linear_kind="lightning attention (linear)", full_kind="softmax attention (GQA)",
-        n_layers=Cited(80, f"{_MINIMAX}: Number Layers"),
-        full_every=Cited(8, f"{_MINIMAX}: 'a softmax attention is positioned after every 7 lightning attention'"),
-        q_heads=Cited(64, f"{_MINIMAX}: Number of attention heads"),
-        head_dim=Cited(128, f"{_MINIMAX}: Attention head dimension"),
-        kv_heads=Cited(8, "num_key_value_heads = 8: only in third-party copies of the config (GQA group 8); "
-                          "not in the model card", verified=False),
-        lin_v_heads=Cited(64, f"{_MINIMAX}: Number of attention heads (lightning layers alike)"),
-        lin_k_heads=Cited(64, f"{_MINIMAX}: Number of attention heads"),
-        lin_dk=Cited(128, f"{_MINIMAX}: Attention head dimension"),
-        lin_dv=Cited(128, f"{_MINIMAX}: Attention head dimension"),
-        conv=Cited(0, "lightning attention has no short convolution"),
-    ),
-    "Jamba-v0.1": dict(
-        linear_kind="Mamba (selective SSM)", full_kind="attention (GQA)",
-        n_layers=Cited(32, f"{_JAMBA}: num_hidden_layers"),
-        full_every=Cited(8, f"{_JAMBA}: attn_layer_period (offset 4)"),
-        q_heads=Cited(32, f"{_JAMBA}: num_attention_heads"),
-        kv_heads=Cited(8, f"{_JAMBA}: num_key_value_heads"),
-        head_dim=Cited(128, f"{_JAMBA}: hidden_size 4096 / num_attention_heads 32"),
-        mamba_inner=Cited(8192, f"{_JAMBA}: mamba_expand 2 x hidden_size 4096"),
-        mamba_state=Cited(16, f"{_JAMBA}: mamba_d_state"),
-        conv=Cited(4, f"{_JAMBA}: mamba_d_conv"),
-    ),
-    "DeepSeek-V3.2-Exp": dict(
-        linear_kind="(none)", full_kind="MLA + lightning indexer, top-k 2048",
-        n_layers=Cited(61, f"{_DSV32}: n_layers"),
-        full_every=Cited(1, "every layer is an MLA layer"),
-        mla_heads=Cited(128, f"{_DSV32}: n_heads"),
-        mla_latent=Cited(512, f"{_DSV32}: kv_lora_rank"), mla_rope=Cited(64, f"{_DSV32}: qk_rope_head_dim"),
-        mla_nope=Cited(128, f"{_DSV32}: qk_nope_head_dim"), mla_v=Cited(128, f"{_DSV32}: v_head_dim"),
-        index_dim=Cited(128, f"{_DSV32}: index_head_dim"), index_heads=Cited(64, f"{_DSV32}: index_n_heads"),
-        index_key_bytes=Cited(132, "https://github.com/deepseek-ai/DeepSeek-V3.2-Exp inference/model.py, Indexer: "
-                                   "k_cache float8_e4m3fn [.., 128] (128 B) and k_scale_cache float32 "
-                                   "[.., 128 // block_size 128] (4 B) per token"),
-        top_k=Cited(2048, f"{_DSV32}: index_topk"),
-    ),
-    "DeepSeek-V3 (full MLA)": dict(
-        linear_kind="(none)", full_kind="MLA",
-        n_layers=Cited(61, f"{_DSV3}: num_hidden_layers"), full_every=Cited(1, "every layer"),
-        mla_heads=Cited(128, f"{_DSV3}: num_attention_heads"),
-        mla_latent=Cited(512, f"{_DSV3}: kv_lora_rank"), mla_rope=Cited(64, f"{_DSV3}: qk_rope_head_dim"),
-        mla_nope=Cited(128, f"{_DSV3}: qk_nope_head_dim"), mla_v=Cited(128, f"{_DSV3}: v_head_dim"),
-    ),
-    "Mixtral-8x7B (full GQA)": dict(
-        linear_kind="(none)", full_kind="attention (GQA)",
-        n_layers=Cited(32, f"{_MIXTRAL}: num_hidden_layers"), full_every=Cited(1, "every layer"),
-        q_heads=Cited(32, f"{_MIXTRAL}: num_attention_heads"),
-        kv_heads=Cited(8, f"{_MIXTRAL}: num_key_value_heads"),
-        head_dim=Cited(128, f"{_MIXTRAL}: hidden_size 4096 / num_attention_heads 32"),
-    ),
-}
-
-
-def _v(design: Mapping, key: str):
-    return design[key].value
-
-
-def design_row(name: str, design: Mapping, *, bytes_per_elem: int = 2) -> dict:
-    """One published design, computed from its cited config: layer counts and ratio, KV cache bytes per
-    token (all full layers; an index key at the precision it is stored in), recurrent state bytes (all
-    linear layers; constant in T; convolution states included), the quadratic share ``f`` (full layers /
-    all layers), ``T_mem`` per layer (one linear
-    layer's state against one full layer's cache per token) and for the whole model (all state against
-    all cache per token), and which of the numbers used were not verified at their source."""
-    n = _v(design, "n_layers")
-    if "full_layers" in design:
-        n_full = len(_v(design, "full_layers"))
-    else:
-        n_full = n // _v(design, "full_every")
-    n_lin = n - n_full
-    if "mla_latent" in design:
-        cache = _v(design, "mla_latent") + _v(design, "mla_rope")
-    else:
-        cache = 2 * _v(design, "kv_heads") * _v(design, "head_dim")
-    # the index key is stored at its own precision (FP8 and a float32 scale), not at bytes_per_elem
-    index_bytes = _v(design, "index_key_bytes") if "index_key_bytes" in design else 0
-    if "mamba_inner" in design:
-        inner = _v(design, "mamba_inner")
-        state = inner * _v(design, "mamba_state") + inner * (_v(design, "conv") - 1)
-        core_state = inner * _v(design, "mamba_state")
-    elif n_lin:
-        hv, hk, dk, dv = (_v(design, k) for k in ("lin_v_heads", "lin_k_heads", "lin_dk", "lin_dv"))
-        core_state = hv * dk * dv
-        conv = _v(design, "conv")
-        state = core_state + max(conv - 1, 0) * (2 * hk * dk + hv * dv)
-    else:
-        state = core_state = 0
-    unverified = sorted(k for k, c in design.items() if isinstance(c, Cited) and not c.verified)
-    b = bytes_per_elem
-    return {
-        "model": name, "layers": n, "full": n_full, "linear": n_lin,
-        "ratio": ("all full" if not n_lin else f"{n_lin // n_full}:1" if n_lin % n_full == 0 else f"{n_lin}:{n_full}"),
-        "types": f"{design['linear_kind']} / {design['full_kind']}",
-        "kv_bytes_per_token": n_full * (cache * b + index_bytes),
-        "state_bytes": n_lin * state * b,
-        "f": n_full / n,
-        "T_mem_layer": core_state / cache if n_lin else None,
-        "T_mem_model": n_lin * state / (n_full * cache) if n_lin else None,
-        "unverified": unverified,
-    }
-
-
-def design_table(designs: Mapping[str, Mapping] = DESIGNS, *, bytes_per_elem: int = 2) -> list[dict]:
-    """:func:`design_row` for every design."""
-    return [design_row(name, d, bytes_per_elem=bytes_per_elem) for name, d in designs.items()]
-
-
-def design_sources(designs: Mapping[str, Mapping] = DESIGNS) -> list[dict]:
-    """Every config number used, with its source and whether it was verified there."""
-    return [{"model": name, "field": k, "value": c.value, "source": c.source, "verified": c.verified}
-            for name, d in designs.items() for k, c in d.items() if isinstance(c, Cited)]
-
-
-def attention_dims(design: Mapping, mode: str) -> tuple[int, int, int]:
-    """A design's full attention layer as ``(query heads, D_qk, D_v)``. MLA has two forms: ``mode="mha"``
-    (training and prefill in DeepSeek's code: per-head keys of ``nope + rope`` and values of ``v``) and
-    ``mode="mqa"`` (decoding: queries absorbed into the latent, so every head scores the shared
-    ``latent + rope`` key and reads the ``latent`` value). For other attention layers the two coincide."""
-    if mode not in ("mha", "mqa"):
-        raise ValueError(f"mode must be 'mha' (MLA's prefill form) or 'mqa' (its decode form); got {mode!r}")
-    if "mla_latent" in design:
-        H, latent, rope = _v(design, "mla_heads"), _v(design, "mla_latent"), _v(design, "mla_rope")
-        if mode == "mha":
-            return H, _v(design, "mla_nope") + rope, _v(design, "mla_v")
-        return H, latent + rope, latent
-    return _v(design, "q_heads"), _v(design, "head_dim"), _v(design, "head_dim")
-
-
-def pair_flops(design: Mapping, mode: str) -> int:
-    """FLOPs per (query, key) pair of a design's full attention layer in ``mode`` (:func:`attention_dims`),
-    ``2 H (D_qk + D_v)`` summed over its query heads (grouped-query attention shares keys between heads,
-    not the products)."""
-    H, d_qk, d_v = attention_dims(design, mode)
-    return 2 * H * (d_qk + d_v)
-
-
-def indexer_hosts(designs: Mapping[str, Mapping] = DESIGNS, *, index_heads: int = 64,
-                  index_dim: int = 128) -> list[dict]:
-    """What a lightning indexer of ``index_heads`` heads of ``index_dim`` (DeepSeek-V3.2's: 64 x 128,
-    ``2 * 64 * 128 = 16,384`` FLOPs per pair) costs relative to the full layer it would sit in:
-    ``r_I = indexer FLOPs per pair / the layer's FLOPs per pair`` (:func:`pair_flops`), in both of MLA's
-    forms, and the quadratic term a model keeps with top-k layers in place of its full ones,
-    ``f * r_I`` (``f`` its share of full layers). One row per design with a full attention layer."""
-    index_pair = 2 * index_heads * index_dim
-    rows = []
-    for name, d in designs.items():
-        row = design_row(name, d)
-        mha, mqa = pair_flops(d, "mha"), pair_flops(d, "mqa")
-        rows.append({"model": name, "layer": d["full_kind"], "f": row["f"], "pair_prefill": mha, "pair_decode": mqa,
-                     "r_I_prefill": index_pair / mha, "r_I_decode": index_pair / mqa,
-                     "f_r_I_prefill": row["f"] * index_pair / mha, "f_r_I_decode": row["f"] * index_pair / mqa,
-                     "mla": "mla_latent" in d})
-    return rows
-
-
-def quadratic_share(ratio: int) -> float:
-    """``f = 1 / (n_lin + 1)``: the share of layers that stay quadratic with one full layer in every
-    ``n_lin + 1`` (``ratio`` is n_lin, the linear:full ratio's first term)."""
-    return 1.0 / (ratio + 1)
-
-
 __all__ = ["ADVERSARY", "COUNTED_DECODE", "COUNTED_PREFILL", "Cited", "DESIGNS", "Flops", "GPU_RESULT_FILES",
-           "HeadConfig", "LABELS", "MECHANISMS", "RECURRENT", "adversary_errors", "band_keys", "count_tolerance",
-           "counted_flops",
-           "cpu_decode_times", "decode_break_even", "decode_flops", "delta_rule_verdict", "design_row",
-           "attention_dims", "design_sources", "design_table", "exactness_table", "indexer_hosts", "pair_flops",
-           "first_length_where", "gpu_rows",
-           "landscape_curves", "memory_bytes", "memory_crossover", "prefill_flops", "quadratic_share"]
+           "HeadConfig", "LABELS", "MECHANISMS", "Mechanism", "RECURRENT", "REGISTRY", "adversary_errors",
+           "attention_dims", "band_keys", "count_tolerance", "counted_flops", "cpu_decode_times",
+           "decode_break_even", "decode_flops", "delta_rule_verdict", "design_row", "design_sources",
+           "design_table", "exactness_table", "first_length_where", "gpu_rows", "indexer_hosts",
+           "landscape_curves", "memory_bytes", "memory_crossover", "pair_flops", "prefill_flops", "quadratic_share"]

@@ -2,7 +2,7 @@
 
 Two kinds of measurement, kept apart on purpose:
 
-* **Counted work** (:func:`count_flops`, :func:`measure_flops`, :func:`kv_cache_bytes`,
+* **Counted work** (:func:`measure_flops`, :func:`kv_cache_bytes`,
   :func:`state_bytes`) is a fact of the algorithm: exact, the same on every machine. The lab asserts
   on these.
 * **Timings** (:func:`measure_scaling`) are a fact of one machine at one moment. They are shown with
@@ -12,16 +12,16 @@ Two kinds of measurement, kept apart on purpose:
 from __future__ import annotations
 
 import math
-import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch.utils.flop_counter import FlopCounterMode
 
 from ..attention import softmax_attention
 from ..linear import linear_attention
+from ._measure import count_flops, interleaved_cpu_ms
+from .recall import state_trajectory
 
 # ---------------------------------------------------------------------------------------------
 # Memory: the KV cache grows, the state does not
@@ -37,17 +37,35 @@ def state_bytes(*, D: int, Dv: int | None = None, bytes_per_elem: int = 4) -> in
     return (D if Dv is None else Dv) * D * bytes_per_elem
 
 
+def state_buildup(q, k, v, *, bytes_per_number: int = 2) -> dict:
+    """Linear attention as an RNN, token by token, for chapter 3's state figure. ``q, k: [T, D]``,
+    ``v: [T, Dv]``: one head. Returns ``{"states": [T, Dv, D]`` (``S_t = sum_{j<=t} v_j k_j^T``),
+    ``"outputs": [T, Dv]`` (the recurrence ``o_t = S_t q_t``), ``"quadratic": [T, Dv]`` (the same
+    outputs the quadratic way, ``(Q K^T . M) V``), ``"t"``, ``"kv_cache_bytes"`` (``t (D + Dv)`` numbers
+    of ``bytes_per_number``) and ``"state_bytes"`` (``Dv x D`` in fp32) at each ``t``, and
+    ``"bytes_per_number"``}``; tensors in float64."""
+    q, k, v = (torch.as_tensor(x, dtype=torch.float64) for x in (q, k, v))
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if x.dim() != 2:
+            raise ValueError(f"{name} has shape {tuple(x.shape)}; expected [T, D] (one head)")
+    T, D = k.shape
+    if q.shape != k.shape or v.shape[0] != T:
+        raise ValueError(f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}: expected "
+                         "q and k [T, D] and v [T, Dv] with the same T")
+    Dv = v.shape[1]
+    # The library's two forms of unnormalised linear attention: the recurrence o_t = S_t q_t, and the
+    # quadratic (Q K^T . M) V.
+    outs, quad = (linear_attention(q[None, None], k[None, None], v[None, None], scale=1.0, causal=True,
+                                   normalize=False, mode=mode)[0, 0] for mode in ("recurrent", "parallel"))
+    ts = np.arange(1, T + 1)
+    return {"states": state_trajectory(k, v, rule="linear"), "outputs": outs, "quadratic": quad, "t": ts,
+            "kv_cache_bytes": kv_cache_bytes(ts, D=D, Dv=Dv, bytes_per_elem=bytes_per_number),
+            "state_bytes": np.full(T, state_bytes(D=D, Dv=Dv)), "bytes_per_number": bytes_per_number}
+
+
 # ---------------------------------------------------------------------------------------------
 # Counted work
 # ---------------------------------------------------------------------------------------------
-
-def count_flops(fn: Callable[[], object]) -> int:
-    """Floating-point operations of ``fn()`` as counted by ``torch.utils.flop_counter`` (matrix
-    products: ``2 m n k`` per ``[m, k] @ [k, n]``). Exact and machine-independent."""
-    with FlopCounterMode(display=False) as counter:
-        fn()
-    return int(counter.get_total_flops())
-
 
 def measure_flops(lengths: Sequence[int], dims: Sequence[int], *, batch: int = 1, heads: int = 1,
                   chunk_size: int = 64) -> dict[int, dict[str, list[int]]]:
@@ -64,7 +82,7 @@ def measure_flops(lengths: Sequence[int], dims: Sequence[int], *, batch: int = 1
             q = torch.zeros(batch, heads, T, D, device="meta")   # shapes only: nothing is computed
             row["softmax"].append(count_flops(lambda q=q: softmax_attention(q, q, q, causal=True, backend="torch")))
             row["linear"].append(count_flops(
-                lambda q=q: linear_attention(q, q, q, chunk_size=chunk_size, backend="torch")))
+                lambda q=q: linear_attention(q, q, q, chunk_size=chunk_size, backend="torch", causal=True)))
         out[D] = row
     return out
 
@@ -72,33 +90,6 @@ def measure_flops(lengths: Sequence[int], dims: Sequence[int], *, batch: int = 1
 # ---------------------------------------------------------------------------------------------
 # Timings, shown with their spread
 # ---------------------------------------------------------------------------------------------
-
-def _cpu_ms(fn) -> float:
-    t0 = time.process_time()
-    fn()
-    return (time.process_time() - t0) * 1e3
-
-
-def interleaved_cpu_ms(calls: Mapping, reps: int, *, progress=None) -> dict:
-    """CPU time (``time.process_time``, ms, on one thread) of every call in ``calls`` (``{key: fn}``),
-    ``reps`` times each. After one warm-up call each (first calls allocate), the repeats are
-    *interleaved*: each round times every call once, so a burst of load from another process spreads
-    over all points instead of bending one of them. Returns ``{key: [ms, ...]}``."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    samples = {key: [] for key in calls}
-    try:
-        for fn in calls.values():
-            fn()
-        for _ in range(reps):
-            for key, fn in calls.items():
-                samples[key].append(_cpu_ms(fn))
-            if progress is not None:
-                progress.update(1)
-    finally:
-        torch.set_num_threads(threads)
-    return samples
-
 
 def measure_scaling(lengths: Sequence[int], dims: Sequence[int], *, batch: int = 1, heads: int = 4,
                     chunk_size: int = 64, reps: int = 5, seed: int = 0,
@@ -123,7 +114,7 @@ def measure_scaling(lengths: Sequence[int], dims: Sequence[int], *, batch: int =
             q, k, v = (torch.randn(batch, heads, T, D, generator=g) for _ in range(3))
             calls[D, T, "softmax"] = lambda q=q, k=k, v=v: F.scaled_dot_product_attention(q, k, v, is_causal=True)
             calls[D, T, "linear"] = lambda q=q, k=k, v=v: linear_attention(q, k, v, chunk_size=chunk_size,
-                                                                          backend="torch")
+                                                                          backend="torch", causal=True)
     samples = interleaved_cpu_ms(calls, reps, progress=progress)
     out: dict[int, dict[str, list[float]]] = {}
     for D in dims:
@@ -171,6 +162,32 @@ def crossover_length(lengths, t_softmax, t_linear) -> float:
     lo, hi = math.log(T[i - 1]), math.log(T[i])
     frac = -r[i - 1] / (r[i] - r[i - 1])                            # where log-ratio hits zero
     return math.exp(lo + frac * (hi - lo))
+
+
+def crossover_fits(measurements: Mapping[int, Mapping[str, Sequence[float]]], *, fit_from: int = 0) -> dict:
+    """What chapter 3's crossover figure shows, per head dimension ``D`` of ``measurements``
+    (:func:`measure_scaling`'s ``{D: {"T", "softmax", "linear", ...}}``): the measured medians and, when
+    present, quartiles (``"<name>"``, ``"<name>_q1"``, ``"<name>_q3"``), a robust power law fitted on
+    ``T >= fit_from`` (``"<name>_slope"``, and the fitted curve ``"<name>_fit_T"``, ``"<name>_fit"``)
+    for ``name`` in softmax and linear, and the measured ``"crossover"`` length
+    (:func:`crossover_length`; ``inf`` when there is none)."""
+    check_measurements(measurements)
+    out = {}
+    for D, r in measurements.items():
+        T = np.asarray(r["T"], dtype=float)
+        sel = T >= fit_from
+        row = {"T": T}
+        for name in ("softmax", "linear"):
+            y = np.asarray(r[name], dtype=float)
+            slope, icpt = fit_power_law(T[sel], y[sel], robust=True)
+            row.update({name: y, f"{name}_slope": slope, f"{name}_fit_T": T[sel],
+                        f"{name}_fit": np.exp(icpt) * T[sel] ** slope})
+            if f"{name}_q1" in r and f"{name}_q3" in r:           # the spread of the repeats
+                row[f"{name}_q1"] = np.asarray(r[f"{name}_q1"], dtype=float)
+                row[f"{name}_q3"] = np.asarray(r[f"{name}_q3"], dtype=float)
+        row["crossover"] = crossover_length(r["T"], r["softmax"], r["linear"])
+        out[D] = row
+    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -241,6 +258,13 @@ def model_crossover(model: Mapping[str, float], D: float) -> float:
     return (model["b0"] + model["b1"] * D * (model["L"] + D)) / (model["a0"] + model["a1"] * D)
 
 
-__all__ = ["kv_cache_bytes", "state_bytes", "count_flops", "measure_flops", "measure_scaling",
-           "fit_power_law", "crossover_length", "check_measurements", "cost_model", "model_times",
-           "model_crossover"]
+def model_prediction(model: Mapping[str, float], T, D) -> dict:
+    """The calibrated model at lengths ``T`` for head dimension ``D``, for the live explorer:
+    ``{"softmax": times, "linear": times, "crossover": T*}`` (:func:`model_times`, :func:`model_crossover`)."""
+    soft, lin = model_times(model, T, D)
+    return {"softmax": soft, "linear": lin, "crossover": model_crossover(model, D)}
+
+
+__all__ = ["kv_cache_bytes", "state_bytes", "state_buildup", "measure_flops", "measure_scaling",
+           "fit_power_law", "crossover_length", "crossover_fits", "check_measurements", "cost_model", "model_times",
+           "model_crossover", "model_prediction"]

@@ -59,10 +59,10 @@ def _read(rule: str, k_seq: torch.Tensor, v_seq: torch.Tensor, queries: torch.Te
         recency = RECENCY_BIAS * torch.arange(T, dtype=k_seq.dtype) / max(T - 1, 1)
         k_pos = torch.cat([k4, recency[None, None, :, None]], dim=-1)
         q_pos = F.pad(queries, (0, 1), value=1.0)[None, None]
-        return softmax_attention(q_pos, k_pos, v4, scale=softmax_scale, backend="torch")[0, 0]
+        return softmax_attention(q_pos, k_pos, v4, scale=softmax_scale, backend="torch", causal=False)[0, 0]
     q_seq = torch.zeros_like(k4)                                     # only the final state is read
     if rule == "linear":
-        _, S = linear_attention(q_seq, k4, v4, mode="recurrent", output_final_state=True)
+        _, S = linear_attention(q_seq, k4, v4, mode="recurrent", output_final_state=True, causal=True)
     else:
         b = torch.full(k4.shape[:3], beta, dtype=k_seq.dtype)
         _, S = delta_rule(q_seq, k4, v4, b, mode="chunk", output_final_state=True)
@@ -204,7 +204,7 @@ def state_trajectory(k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor | floa
     for t in range(T):
         kt, vt = k[:, :, t:t + 1], v[:, :, t:t + 1]
         if rule == "linear":
-            _, S = linear_attention_recurrent_reference(q, kt, vt, S)
+            _, S = linear_attention_recurrent_reference(q, kt, vt, initial_state=S, causal=True)
         else:
             g_t = None if g is None else g[:, :, t:t + 1]
             _, S = delta_rule_recurrent_reference(q, kt, vt, beta[:, :, t:t + 1], g_t, scale=1.0, initial_state=S)

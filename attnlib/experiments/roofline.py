@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from .. import _validate
-from .linear import count_flops
+from ._measure import count_flops
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@ trained as DeepSeek trains it, and the cost on counted work.
 
 The operator itself (index scores, causal top-k selection, softmax over the selected keys, the
 indexer's KL loss) is :mod:`attnlib.topk`; chapter 1's one-sided transport solver is :mod:`attnlib.eot`;
-chapter 2's planted needle and its closed forms are :mod:`attnlib.needle`. This module only runs them:
+chapter 2's planted needle and its closed forms are :mod:`attnlib.experiments.needle`. This module only runs them:
 
 * :func:`transport_reading` -- a row's plan ``p``, its restriction to the selected set ``S``
   renormalised (``p~``), and the three facts the chapter states about them, each measured against
@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .. import _validate, eot, needle
+from .. import _validate, eot
 from ..attention import softmax_attention_reference
 from ..topk import (
     index_scores,
@@ -40,7 +40,8 @@ from ..topk import (
     topk_attention_reference,
     topk_select,
 )
-from .linear import count_flops
+from . import needle
+from ._measure import count_flops
 from .weights import softmax_weights
 
 F64 = torch.float64
@@ -156,7 +157,7 @@ def mechanism_map(T: int, d: int, ks, *, generator: torch.Generator, n_heads: in
     out = dict(plan=p, scores=torch.where(causal, scores[0, 0], float("nan")), ks=[int(x) for x in ks],
                masks=[], restricted=[], lost=[])
     for kk in out["ks"]:
-        mask = selection_mask(topk_select(scores, kk), T)[0, 0]
+        mask = selection_mask(topk_select(scores, kk, causal=True), T)[0, 0]
         out["masks"].append(mask)
         out["restricted"].append(restrict(p, mask))
         out["lost"].append(1 - (p * mask).sum(-1))
@@ -172,7 +173,7 @@ def _needle_row(case: needle.Case, iq: torch.Tensor, ik: torch.Tensor, iw: torch
     measure row ``i``: its L1 error against the exact row, the needle's index score and the other visible
     keys' scores, and whether the needle was selected."""
     o, idx = topk_attention(case.q, case.k, case.v, iq, ik, iw, top_k=top_k, scale=case.scale,
-                            return_indices=True)
+                            return_indices=True, causal=True)
     row = o[0, 0, case.i]
     exact = needle.exact_rows(case)[case.i]
     scores = index_scores(iq, ik, iw)[0, 0, case.i, :case.i + 1]            # the row's visible keys
@@ -186,7 +187,7 @@ def _needle_row(case: needle.Case, iq: torch.Tensor, ik: torch.Tensor, iw: torch
 
 def blind_needle(T: int, M: float, top_k: int, *, d: int = 8, d_index: int = 8, n_index_heads: int = 4,
                  hide: bool = True, generator: torch.Generator) -> dict:
-    """Chapter 2's planted needle (:func:`attnlib.needle.plant`: row ``i = T - 1``, key ``j = 1``, score
+    """Chapter 2's planted needle (:func:`attnlib.experiments.needle.plant`: row ``i = T - 1``, key ``j = 1``, score
     ``M``, every other score 0, one-hot values) fed to the top-k layer with an indexer that scores every
     pair, in the simplest construction: index queries, the haystack's index keys *and the weights* are
     positive (so every haystack key scores above 0); with ``hide`` the needle's index key is
@@ -196,7 +197,7 @@ def blind_needle(T: int, M: float, top_k: int, *, d: int = 8, d_index: int = 8, 
     ``hide=False`` puts the needle's index key far out in the positive orthant: the indexer fetches it.
 
     Returns ``error`` (``||exact row - top-k row||_1``), ``closed_form`` (chapter 2's
-    :func:`attnlib.needle.uniform_miss_error` for ``top_k`` keys seen, none the needle),
+    :func:`attnlib.experiments.needle.uniform_miss_error` for ``top_k`` keys seen, none the needle),
     ``needle_score`` and ``lowest_haystack_score`` (the needle's index score and the smallest other
     visible one on row ``i``), ``n_above`` (other visible keys scoring above the needle) and
     ``selected_needle`` (bool)."""
@@ -295,9 +296,9 @@ def shared_selection_loss(plans: torch.Tensor, ks, *, first_row: int = 0) -> dic
     one_per_head = plans.reshape(B * H, 1, T, T)                                # each head its own "sequence"
     out = dict(shared=[], worst_head=[], own=[])
     for k in ks:
-        shared = selection_mask(topk_select(mean_plan, int(k)), T)                 # [B, 1, T, T]
+        shared = selection_mask(topk_select(mean_plan, int(k), causal=True), T)                 # [B, 1, T, T]
         per_head = (plans * shared).sum(-1)[..., first_row:]                       # [B, H, rows]
-        own_sel = selection_mask(topk_select(one_per_head, int(k)), T).reshape(B, H, T, T)
+        own_sel = selection_mask(topk_select(one_per_head, int(k), causal=True), T).reshape(B, H, T, T)
         own = (plans * own_sel).sum(-1)[..., first_row:]
         out["shared"].append(float(per_head.mean()))
         out["worst_head"].append(float(per_head.min(1).values.mean()))
@@ -389,8 +390,8 @@ def train_indexer(indexer: Indexer, task_fn, *, dense_steps: int, sparse_steps: 
     for step in range(dense_steps + sparse_steps):
         task = task_fn()
         I = indexer.scores(task.states.detach())
-        selected = None if step < dense_steps else topk_select(I.detach(), top_k)
-        loss = indexer_kl_loss(task.plan, I, selected).mean()
+        selected = None if step < dense_steps else topk_select(I.detach(), top_k, causal=True)
+        loss = indexer_kl_loss(task.plan, I, selected, causal=True).mean()
         opt.zero_grad()
         loss.backward()
         opt.step()
@@ -404,7 +405,7 @@ def recall(plan: torch.Tensor, scores: torch.Tensor, ks, *, first_row: int) -> l
     T = plan.shape[-1]
     out = []
     for k in ks:
-        mask = selection_mask(topk_select(scores, int(k)), T)
+        mask = selection_mask(topk_select(scores, int(k), causal=True), T)
         out.append(float((plan * mask).sum(-1)[..., first_row:].mean()))
     return out
 
@@ -466,7 +467,7 @@ def attention_flops(T_q: int, T_k: int, n_heads: int, d_qk: int, d_v: int) -> in
     """Counted FLOPs of dense softmax attention (:func:`attnlib.attention.softmax_attention_reference`,
     non-causal: every pair) with ``n_heads`` heads."""
     return count_flops(lambda: softmax_attention_reference(_meta(1, n_heads, T_q, d_qk), _meta(1, n_heads, T_k, d_qk),
-                                                           _meta(1, n_heads, T_k, d_v), scale=1.0))
+                                                           _meta(1, n_heads, T_k, d_v), scale=1.0, causal=False))
 
 
 def topk_attention_flops(T_q: int, T_k: int, top_k: int, n_heads: int, d_qk: int, d_v: int) -> int:

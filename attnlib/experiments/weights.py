@@ -65,5 +65,5 @@ def anna_weights(q, k, n_tables: int, n_bits: int, *, seed: int = 0, family: str
     q, k = _single_head("q", q), _single_head("k", k)
     v = torch.zeros(1, 1, k.shape[0], 1, dtype=torch.float64)
     _, w = anna_attention(q[None, None], k[None, None], v, n_tables=n_tables, n_bits=n_bits, seed=seed,
-                          family=family, return_weights=True, backend="torch")
+                          family=family, return_weights=True, backend="torch", causal=False)
     return w[0, 0].to(torch.float64)

@@ -2,51 +2,52 @@
 the ANNA conditions over (l, z).
 
 ``anna_plan_figure`` draws chapter 1's plan panels (:mod:`._plan`) (heatmap, row sums, column sums); its slider
-steps are precomputed frames, one per (l, z), so it works in the static book.
+steps are precomputed frames, one per (l, z), so it works in the static book. The plans are computed by
+:mod:`attnlib.experiments.anna` (:func:`~attnlib.experiments.anna.anna_plans`); the live explorer takes the
+function that computes a step.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import plotly.graph_objects as go
-import torch
 
-from .. import eot
-from ..experiments.weights import anna_weights, softmax_weights
-from ._plan import as_single_head, plan_frame_traces, plan_pair_figure
+from ..experiments.anna import AnnaPlan, PlanStats
+from ._plan import plan_frame_traces, plan_pair_figure
 from ._slider import add_frame_slider
 from ._style import colour
 
 
-def plan_stats(P: torch.Tensor) -> str:
-    rows = P.sum(-1)
-    return (f"H {eot.entropy(P).item():.2f}, support {int((P > 0).sum())}/{P.numel()}, "
-            f"{int((rows == 0).sum())} empty, col ≤ {P.sum(0).max().item():.2f}")
+def _stats_text(st: PlanStats) -> str:
+    return (f"H {st.entropy:.2f}, support {st.support}/{st.size}, "
+            f"{st.empty_rows} empty, col ≤ {st.max_column_sum:.2f}")
 
 
-def anna_plan_figure(q, k, settings: Sequence[tuple[int, int]], *, tau: float = 0.1, seed: int = 0,
-                     active: int = 0) -> go.Figure:
-    """Softmax's plan ``softmax(q k^T / tau)`` (left, fixed) beside ANNA's plan (right) for each
-    ``(l, z)`` in ``settings`` (slider). Bars: row sums (right of each map) and column sums (below).
-    Rows of ANNA's plan sum to 1 or to 0 (a query that collided with nothing ships no mass)."""
-    q, k = as_single_head("q", q), as_single_head("k", k)
-    if not settings:
-        raise ValueError("settings must hold at least one (n_tables, n_bits) pair")
-    soft = softmax_weights(q, k, tau=tau)
-    plans = [anna_weights(q, k, n_tables, n_bits, seed=seed) for n_tables, n_bits in settings]
+def _title(plan: AnnaPlan) -> str:
+    return (f"ANNA with l = {plan.n_tables} tables of z = {plan.n_bits} bits<br><sup>softmax (τ={plan.tau:g}): "
+            f"{_stats_text(plan.softmax_stats)}<br>ANNA: {_stats_text(plan.anna_stats)}</sup>")
 
-    def title(i):
-        l, z = settings[i]
-        return (f"ANNA with l = {l} tables of z = {z} bits<br><sup>softmax (τ={tau:g}): {plan_stats(soft)}<br>"
-                f"ANNA: {plan_stats(plans[i])}</sup>")
 
-    frames = [go.Frame(data=plan_frame_traces(soft) + plan_frame_traces(P), name=f"lz{i}", traces=list(range(6)),
-                      layout=go.Layout(title_text=title(i))) for i, P in enumerate(plans)]
-    fig = plan_pair_figure(soft, plans[active], ("softmax plan", "ANNA plan"), row_sum_max=1.2,
-                           column_sum_max=float(q.shape[0]), height=620)
-    fig.update_layout(title_text=title(active), margin=dict(t=110))
-    return add_frame_slider(fig, frames, [f"{l},{z}" for l, z in settings], prefix="(l, z) = ", active=active)
+def anna_plan_figure(plans: Sequence[AnnaPlan], *, active: int = 0) -> go.Figure:
+    """Softmax's plan ``softmax(q k^T / tau)`` (left, fixed) beside ANNA's plan (right), one slider step
+    per :class:`~attnlib.experiments.anna.AnnaPlan` (:func:`attnlib.experiments.anna.anna_plans`, one per
+    ``(l, z)``). Bars: row sums (right of each map) and column sums (below). Rows of ANNA's plan sum to
+    1 or to 0 (a query that collided with nothing ships no mass)."""
+    plans = list(plans)
+    if not plans:
+        raise ValueError("plans must hold at least one slider step (one per (n_tables, n_bits) pair)")
+    for i, pl in enumerate(plans):
+        if not isinstance(pl, AnnaPlan):
+            raise TypeError(f"plans[{i}] must be an attnlib.experiments.anna.AnnaPlan; got {type(pl).__name__}")
+    frames = [go.Frame(data=plan_frame_traces(pl.softmax) + plan_frame_traces(pl.anna), name=f"lz{i}",
+                       traces=list(range(6)), layout=go.Layout(title_text=_title(pl))) for i, pl in enumerate(plans)]
+    shown = plans[active]
+    fig = plan_pair_figure(shown.softmax, shown.anna, ("softmax plan", "ANNA plan"), row_sum_max=1.2,
+                           column_sum_max=float(shown.softmax.shape[0]), height=620)
+    fig.update_layout(title_text=_title(shown), margin=dict(t=110))
+    return add_frame_slider(fig, frames, [f"{pl.n_tables},{pl.n_bits}" for pl in plans], prefix="(l, z) = ",
+                            active=active)
 
 
 def collision_figure(thetas, measured: dict, theory: dict | None = None, *, title: str = "") -> go.Figure:
@@ -90,29 +91,27 @@ def conditions_heatmap(l_values, z_values, fraction, *, title: str = "") -> go.F
     return fig
 
 
-def anna_plan_explorer(q, k, *, tau: float = 0.1, seed: int = 0, max_tables: int = 64, max_bits: int = 16):
+def anna_plan_explorer(plan_at: Callable[[int, int, int], AnnaPlan], *, seed: int = 0, max_tables: int = 64,
+                       max_bits: int = 16):
     """Live version of :func:`anna_plan_figure` (needs a running kernel): separate sliders for ``l`` and
-    ``z``, and the hash seed, so every combination can be explored."""
+    ``z``, and the hash seed, so every combination can be explored. ``plan_at(l, z, seed)`` computes the
+    step, e.g. ``attnlib.experiments.anna.anna_plan_at(q, k, tau=0.1)``."""
     import ipywidgets as W
 
-    q, k = as_single_head("q", q), as_single_head("k", k)
-    static = anna_plan_figure(q, k, [(4, 4)], tau=tau, seed=seed)
+    static = anna_plan_figure([plan_at(4, 4, seed)])
     static.frames = ()
     static.layout.sliders = ()
     fig = go.FigureWidget(static)
-    soft = softmax_weights(q, k, tau=tau)
     l_slider = W.IntSlider(value=4, min=1, max=max_tables, description="l (tables)")
     z_slider = W.IntSlider(value=4, min=1, max=max_bits, description="z (bits)")
     s_slider = W.IntSlider(value=seed, min=0, max=99, description="seed")
 
     def redraw(change=None):
-        P = anna_weights(q, k, l_slider.value, z_slider.value, seed=s_slider.value)
-        heat, rows, cols = plan_frame_traces(P)
+        plan = plan_at(l_slider.value, z_slider.value, s_slider.value)
+        heat, rows, cols = plan_frame_traces(plan.anna)
         with fig.batch_update():
             fig.data[3].z, fig.data[4].x, fig.data[5].y = heat.z, rows.x, cols.y
-            fig.layout.title.text = (f"ANNA with l = {l_slider.value} tables of z = {z_slider.value} bits<br>"
-                                     f"<sup>softmax (τ={tau:g}): "
-                                     f"{plan_stats(soft)}<br>ANNA: {plan_stats(P)}</sup>")
+            fig.layout.title.text = _title(plan)
 
     for s in (l_slider, z_slider, s_slider):
         s.observe(redraw, names="value")

@@ -1,5 +1,6 @@
 """Chapter 4's figures: the state's singular values over time for the two rules, and the beta /
-stability explorer. The states come from :func:`attnlib.experiments.recall.state_trajectory`.
+stability explorer. They draw what :mod:`attnlib.experiments.deltanet` computes (the spectra, the
+state's norm over time); a live explorer takes the function that computes a step.
 
 Each figure exists in two forms: a Plotly figure with a native frame slider (precomputed, works in
 the static book) and, for the stability explorer, a live ``ipywidgets`` version for a running kernel.
@@ -7,27 +8,33 @@ the static book) and, for the stability explorer, a live ``ipywidgets`` version 
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
+
 import numpy as np
 import plotly.graph_objects as go
-import torch
 from plotly.subplots import make_subplots
 
-from ..experiments.recall import state_trajectory
 from ._slider import add_frame_slider
 from ._style import colour
 
 LINEAR_COLOUR, DELTA_COLOUR, UNSTABLE_COLOUR = colour(1), colour(0), colour(4)
 
 
-def singular_values_figure(k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor | float, *,
-                           steps: list[int] | None = None) -> go.Figure:
+def singular_values_figure(spectra: Mapping[str, np.ndarray], *, steps: list[int] | None = None) -> go.Figure:
     """Bars of the singular values of ``S_t`` for linear attention and the delta rule, one frame per
-    ``t`` in ``steps`` (default: 12 evenly spaced). Linear attention's spectrum keeps growing with
-    every write; the delta rule's stays near the values' scale because each write first removes
-    what the key already retrieves."""
-    T = k.shape[0]
+    ``t`` in ``steps`` (default: 12 evenly spaced). ``spectra``: ``{"linear" | "delta": [T, r]}``, row
+    ``t - 1`` the values after ``t`` writes (:func:`attnlib.experiments.deltanet.state_spectra`).
+    Linear attention's spectrum keeps growing with every write; the delta rule's stays near the values'
+    scale because each write first removes what the key already retrieves."""
+    missing = {"linear", "delta"} - set(spectra)
+    if missing:
+        raise ValueError(f"spectra lacks {sorted(missing)}; expected the keys 'linear' and 'delta'")
+    sv = {r: np.asarray(spectra[r], dtype=float) for r in ("linear", "delta")}
+    if sv["linear"].ndim != 2 or sv["linear"].shape != sv["delta"].shape:
+        raise ValueError(f"spectra['linear'] has shape {sv['linear'].shape} and spectra['delta'] "
+                         f"{sv['delta'].shape}; expected the same [T, r]")
+    T = sv["linear"].shape[0]
     steps = steps or sorted(set(np.linspace(1, T, 12).round().astype(int).tolist()))
-    sv = {r: torch.linalg.svdvals(state_trajectory(k, v, beta, rule=r)).numpy() for r in ("linear", "delta")}
     ymax = float(max(sv["linear"].max(), sv["delta"].max())) * 1.05
     idx = np.arange(1, sv["linear"].shape[1] + 1)
 
@@ -43,21 +50,16 @@ def singular_values_figure(k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor 
     return add_frame_slider(fig, frames, [str(t) for t in steps], prefix="t = ")
 
 
-def _norm_history(beta: float, key_norm: float, *, T: int, D: int, seed: int) -> np.ndarray:
-    gen = torch.Generator().manual_seed(seed)
-    k = torch.nn.functional.normalize(torch.randn(T, D, generator=gen, dtype=torch.float64), dim=-1) * key_norm
-    v = torch.randn(T, D, generator=gen, dtype=torch.float64)
-    S = state_trajectory(k, v, beta, rule="delta")
-    return S.flatten(1).norm(dim=1).numpy()
-
-
-def stability_figure(betas=(0.5, 1.0, 1.5, 1.9, 2.1, 2.5), key_norms=(1.0,), *, T: int = 200, D: int = 16,
-                     seed: int = 0) -> go.Figure:
+def stability_figure(histories: Mapping[tuple[float, float], np.ndarray]) -> go.Figure:
     """``||S_t||`` over t (log scale) for the delta rule with random keys of norm ``key_norm`` and
-    learning rate ``beta``; one frame per ``(beta, key_norm)``. The edge is ``beta ||k||^2 = 2``: there
+    learning rate ``beta``; one frame per ``(beta, key_norm)`` of ``histories``
+    (:func:`attnlib.experiments.deltanet.stability_histories`). The edge is ``beta ||k||^2 = 2``: there
     the eigenvalue ``1 - beta ||k||^2`` of the transition crosses -1."""
-    combos = [(b, n) for n in key_norms for b in betas]
-    hist = {c: _norm_history(c[0], c[1], T=T, D=D, seed=seed) for c in combos}
+    if not histories:
+        raise ValueError("histories must hold at least one (beta, key_norm) history")
+    combos = list(histories)
+    hist = {c: np.asarray(histories[c], dtype=float) for c in combos}
+    T = len(hist[combos[0]])
     ymax = np.log10(max(max(h.max() for h in hist.values()), 10.0)) + 0.5
     t = np.arange(1, T + 1)
 
@@ -72,17 +74,20 @@ def stability_figure(betas=(0.5, 1.0, 1.5, 1.9, 2.1, 2.5), key_norms=(1.0,), *, 
                       xaxis_title="token t", yaxis_title="‖S<sub>t</sub>‖ (Frobenius)", yaxis_type="log",
                       yaxis_range=[-1, ymax], xaxis_range=[1, T], height=420, showlegend=True)
     frames = [go.Frame(data=traces(c), name=f"b{c[0]}n{c[1]}") for c in combos]
-    labels = [f"{b},{n}" if len(key_norms) > 1 else f"{b}" for b, n in combos]
-    return add_frame_slider(fig, frames, labels, prefix="β = " if len(key_norms) == 1 else "β, ‖k‖ = ")
+    several_norms = len({n for _, n in combos}) > 1
+    labels = [f"{b},{n}" if several_norms else f"{b}" for b, n in combos]
+    return add_frame_slider(fig, frames, labels, prefix="β, ‖k‖ = " if several_norms else "β = ")
 
 
-def stability_explorer(*, T: int = 200, D: int = 16, seed: int = 0):
+def stability_explorer(history_at: Callable[[float, float], np.ndarray]):
     """Live version (needs a running kernel): sliders for beta and the key norm; the plot shows
-    ``||S_t||`` and the title the transition's eigenvalue ``1 - beta ||k||^2`` along the key."""
+    ``||S_t||`` and the title the transition's eigenvalue ``1 - beta ||k||^2`` along the key.
+    ``history_at(beta, key_norm)`` computes the curve, e.g.
+    ``lambda b, n: attnlib.experiments.deltanet.norm_history(b, n, T=200, D=16, seed=0)``."""
     import ipywidgets as widgets
 
-    fig = go.FigureWidget(data=[go.Scatter(x=np.arange(1, T + 1), y=_norm_history(1.0, 1.0, T=T, D=D, seed=seed),
-                                           mode="lines")])
+    first = np.asarray(history_at(1.0, 1.0), dtype=float)
+    fig = go.FigureWidget(data=[go.Scatter(x=np.arange(1, len(first) + 1), y=first, mode="lines")])
     fig.update_layout(xaxis_title="token t", yaxis_title="‖S<sub>t</sub>‖ (Frobenius)", yaxis_type="log", height=400,
                       title="β‖k‖² = 1.00, eigenvalue along k = 0.00")
     b_slider = widgets.FloatSlider(value=1.0, min=0.0, max=3.0, step=0.05, description="beta")
@@ -91,7 +96,7 @@ def stability_explorer(*, T: int = 200, D: int = 16, seed: int = 0):
     def update(_=None):
         b, n = b_slider.value, n_slider.value
         with fig.batch_update():
-            fig.data[0].y = _norm_history(b, n, T=T, D=D, seed=seed)
+            fig.data[0].y = history_at(b, n)
             fig.layout.title = f"β‖k‖² = {b * n * n:.2f}, eigenvalue along k = {1 - b * n * n:.2f}"
 
     b_slider.observe(update, names="value")

@@ -1,109 +1,99 @@
 """Chapter 1's figures: transport plans and attention maps.
 
 Static versions (``*_figure``) precompute every slider step as a Plotly frame, so they work in the
-built book with no kernel. Live versions (``*_explorer``) are ipywidgets around a FigureWidget.
+built book with no kernel. Live versions (``*_explorer``) are ipywidgets around a FigureWidget. They
+draw what :mod:`attnlib.experiments.eot` computes (plans, their entropy and objective, attention maps);
+a live explorer takes the function that computes a step.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 import plotly.graph_objects as go
-import torch
 from plotly.subplots import make_subplots
 
-from .. import _validate, eot
-from ..experiments.weights import softmax_weights
-from ._plan import as_single_head, plan_frame_traces, plan_pair_figure, plan_traces
+from .. import _validate
+from ..experiments.eot import AttentionMap, PlanPair
+from ._plan import plan_frame_traces, plan_pair_figure, plan_traces
 from ._slider import add_frame_slider
 from ._style import PLAN_SCALE, SIGNED_SCALE, wrap
 
 
-def _as_cost(C) -> torch.Tensor:
-    C = torch.as_tensor(C, dtype=torch.float64)
-    if C.dim() != 2:
-        raise ValueError(f"C has shape {tuple(C.shape)}; expected a [Nq, Nk] cost matrix")
-    return C
+def _title(pair: PlanPair) -> str:
+    def stats(i):
+        return f"H={pair.entropy[i]:.2f}, obj={pair.objective[i]:.2f}"
+    return (f"Transport plans at temperature ε = {pair.eps:.3g}<br><sup>one-sided (softmax): {stats(0)}<br>"
+            f"two-sided (Sinkhorn): {stats(1)}</sup>")
 
 
-def _check_eps_values(eps_values: Sequence[float]) -> list[float]:
-    vals = [_validate.check_positive("eps_values[i]", float(e)) for e in eps_values]
-    if not vals:
-        raise ValueError("eps_values must hold at least one temperature")
-    return vals
+def _check_steps(name: str, steps: Sequence, kind: type) -> list:
+    steps = list(steps)
+    if not steps:
+        raise ValueError(f"{name} must hold at least one slider step")
+    for i, st in enumerate(steps):
+        if not isinstance(st, kind):
+            raise TypeError(f"{name}[{i}] must be an attnlib.experiments.eot.{kind.__name__}; "
+                            f"got {type(st).__name__}")
+    return steps
 
 
-def _plans(C: torch.Tensor, eps: float, b: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-    one = eot.gibbs_plan(C, eps)
-    two = eot.sinkhorn(C, eps, b=b, n_iter=2000, tol=1e-9)
-    return one, two
-
-
-def _title(C, eps, one, two) -> str:
-    def stats(P):
-        return f"H={eot.entropy(P).item():.2f}, obj={eot.objective(P, C, eps).item():.2f}"
-    return (f"Transport plans at temperature ε = {eps:.3g}<br><sup>one-sided (softmax): {stats(one)}<br>"
-            f"two-sided (Sinkhorn): {stats(two)}</sup>")
-
-
-def transport_plan_figure(C, eps_values: Sequence[float], *, b=None, active: int | None = None) -> go.Figure:
-    """One-sided vs two-sided entropic transport plans for cost ``C [Nq, Nk]``, with an ε slider.
+def transport_plan_figure(plans: Sequence[PlanPair], *, active: int | None = None) -> go.Figure:
+    """One-sided vs two-sided entropic transport plans, with an ε slider: one step per
+    :class:`~attnlib.experiments.eot.PlanPair` (:func:`attnlib.experiments.eot.transport_plans`).
 
     Left: the one-sided plan (= softmax(-C/ε) row-wise); its rows ship unit mass, its columns
     receive whatever they attract. Right: the balanced plan from Sinkhorn (columns receive
     ``b``, by default ``Nq/Nk`` each). Bars: row sums (red, right of each map) and column sums
     (green, below). The title reports entropy and objective ``<P, C> - ε H(P)``.
     """
-    C = _as_cost(C)
-    vals = _check_eps_values(eps_values)
-    b_t = None if b is None else torch.as_tensor(b, dtype=torch.float64)
-    active = len(vals) // 2 if active is None else active
-
-    plans = [_plans(C, eps, b_t) for eps in vals]
-    frames = [go.Frame(data=plan_frame_traces(one) + plan_frame_traces(two), name=f"eps{i}", traces=list(range(6)),
-                       layout=go.Layout(title_text=_title(C, eps, one, two)))
-              for i, (eps, (one, two)) in enumerate(zip(vals, plans))]
-    labels = [f"{eps:.3g}" for eps in vals]
-    one, two = plans[active]
-    fig = plan_pair_figure(one, two, ("one-sided plan<br>(softmax)", "two-sided plan<br>(Sinkhorn)"),
-                           row_sum_max=max(1.2, 1.2 * C.shape[0] / C.shape[1]), column_sum_max=float(C.shape[0]),
-                           height=600)
-    fig.update_layout(title_text=_title(C, vals[active], one, two), margin=dict(t=100))
+    plans = _check_steps("plans", plans, PlanPair)
+    shape = tuple(plans[0].one_sided.shape)
+    for i, pp in enumerate(plans):
+        if tuple(pp.one_sided.shape) != shape or tuple(pp.two_sided.shape) != shape:
+            raise ValueError(f"plans[{i}] has plans of shape {tuple(pp.one_sided.shape)} and "
+                             f"{tuple(pp.two_sided.shape)}; expected {shape} like plans[0]")
+    active = len(plans) // 2 if active is None else active
+    frames = [go.Frame(data=plan_frame_traces(pp.one_sided) + plan_frame_traces(pp.two_sided), name=f"eps{i}",
+                       traces=list(range(6)), layout=go.Layout(title_text=_title(pp)))
+              for i, pp in enumerate(plans)]
+    labels = [f"{pp.eps:.3g}" for pp in plans]
+    shown = plans[active]
+    Nq, Nk = shape
+    fig = plan_pair_figure(shown.one_sided, shown.two_sided,
+                           ("one-sided plan<br>(softmax)", "two-sided plan<br>(Sinkhorn)"),
+                           row_sum_max=max(1.2, 1.2 * Nq / Nk), column_sum_max=float(Nq), height=600)
+    fig.update_layout(title_text=_title(shown), margin=dict(t=100))
     return add_frame_slider(fig, frames, labels, prefix="ε = ", active=active)
 
 
-def _attention_weights(q: torch.Tensor, k: torch.Tensor, tau: float, causal: bool) -> np.ndarray:
-    return softmax_weights(q, k, tau=tau, causal=causal).numpy()
+def attention_map_figure(maps: Sequence[AttentionMap], *, active: int | None = None) -> go.Figure:
+    """Attention weights ``softmax(q k^T / τ)`` for one head, one slider step per
+    :class:`~attnlib.experiments.eot.AttentionMap` (:func:`attnlib.experiments.eot.attention_maps`), with a
+    causal on/off menu when the maps have a causal form -- all precomputed, so it works in a static page."""
+    maps = _check_steps("maps", maps, AttentionMap)
+    active = len(maps) // 2 if active is None else active
+    causal_ok = all(m.causal is not None for m in maps)
+    Tq, Tk = maps[0].full.shape
+    xs = [f"k{j}" for j in range(Tk)]
+    ys = [f"q{i}" for i in range(Tq)]
 
-
-def attention_map_figure(q, k, temperatures: Sequence[float], *, active: int | None = None) -> go.Figure:
-    """Attention weights ``softmax(q k^T / τ)`` for one head (``q [Tq, D]``, ``k [Tk, D]``), with a
-    temperature slider and a causal on/off menu -- all precomputed, so it works in a static page."""
-    q, k = as_single_head("q", q), as_single_head("k", k)
-    if q.shape[1] != k.shape[1]:
-        raise ValueError(f"k has shape {tuple(k.shape)}; expected (*, {q.shape[1]}) to match q")
-    taus = _check_eps_values(temperatures)
-    active = len(taus) // 2 if active is None else active
-    causal_ok = q.shape[0] == k.shape[0]
-    xs = [f"k{j}" for j in range(k.shape[0])]
-    ys = [f"q{i}" for i in range(q.shape[0])]
-
-    def traces(tau):
-        out = [go.Heatmap(z=_attention_weights(q, k, tau, False), x=xs, y=ys, zmin=0, zmax=1,
+    def traces(m: AttentionMap):
+        out = [go.Heatmap(z=m.full, x=xs, y=ys, zmin=0, zmax=1,
                           colorscale=PLAN_SCALE, visible=True, name="full",
                           hovertemplate="%{y} → %{x}: %{z:.3f}<extra></extra>")]
         if causal_ok:
-            out.append(go.Heatmap(z=_attention_weights(q, k, tau, True), x=xs, y=ys, zmin=0, zmax=1,
+            out.append(go.Heatmap(z=m.causal, x=xs, y=ys, zmin=0, zmax=1,
                                   colorscale=PLAN_SCALE, visible=False, name="causal",
                                   hovertemplate="%{y} → %{x}: %{z:.3f}<extra></extra>"))
         return out
 
-    fig = go.Figure(data=traces(taus[active]))
+    fig = go.Figure(data=traces(maps[active]))
     n = len(fig.data)
     # Frames carry z only, so that the causal menu's visibility choice survives slider moves.
-    frames = [go.Frame(data=[go.Heatmap(z=tr.z) for tr in traces(t)], name=f"tau{i}", traces=list(range(n)))
-              for i, t in enumerate(taus)]
+    frames = [go.Frame(data=[go.Heatmap(z=tr.z) for tr in traces(m)], name=f"tau{i}", traces=list(range(n)))
+              for i, m in enumerate(maps)]
     fig.update_layout(title="Softmax attention weights", height=520, margin=dict(t=90),
                       xaxis_title="key j", yaxis=dict(title="query i", autorange="reversed"))
     fig.update_traces(colorbar=dict(title=dict(text="weight"), thickness=12))
@@ -113,7 +103,7 @@ def attention_map_figure(q, k, temperatures: Sequence[float], *, active: int | N
             dict(label="full", method="restyle", args=[{"visible": [True, False]}]),
             dict(label="causal", method="restyle", args=[{"visible": [False, True]}]),
         ])])
-    return add_frame_slider(fig, frames, [f"{t:.3g}" for t in taus], prefix="τ = ", active=active)
+    return add_frame_slider(fig, frames, [f"{m.tau:.3g}" for m in maps], prefix="τ = ", active=active)
 
 
 def weights_comparison_figure(steps: Sequence[Mapping[str, np.ndarray]], labels: Sequence[str], *,
@@ -180,12 +170,13 @@ def weights_comparison_figure(steps: Sequence[Mapping[str, np.ndarray]], labels:
     return add_frame_slider(fig, frames, list(labels), prefix=prefix, active=active)
 
 
-def transport_plan_explorer(C, *, eps_min: float = 0.02, eps_max: float = 50.0):
-    """Live version of :func:`transport_plan_figure` (needs a running kernel): a log slider over ε."""
+def transport_plan_explorer(plans_at: Callable[[float], PlanPair], *, eps_min: float = 0.02,
+                            eps_max: float = 50.0):
+    """Live version of :func:`transport_plan_figure` (needs a running kernel): a log slider over ε.
+    ``plans_at(eps)`` computes the step, e.g. ``lambda eps: attnlib.experiments.eot.plan_pair(C, eps)``."""
     import ipywidgets as W
 
-    C = _as_cost(C)
-    static = transport_plan_figure(C, [1.0], active=0)
+    static = transport_plan_figure([plans_at(1.0)], active=0)
     static.frames = ()
     static.layout.sliders = ()
     fig = go.FigureWidget(static)
@@ -193,9 +184,8 @@ def transport_plan_explorer(C, *, eps_min: float = 0.02, eps_max: float = 50.0):
                               description="ε", continuous_update=True, readout_format=".3g")
 
     def redraw(change=None):
-        eps = slider.value
-        one, two = _plans(C, eps, None)
-        new = plan_traces(one, True) + plan_traces(two, False)
+        pair = plans_at(slider.value)
+        new = plan_traces(pair.one_sided, True) + plan_traces(pair.two_sided, False)
         with fig.batch_update():
             for tr, nt in zip(fig.data, new):
                 if isinstance(nt, go.Heatmap):
@@ -204,25 +194,26 @@ def transport_plan_explorer(C, *, eps_min: float = 0.02, eps_max: float = 50.0):
                     tr.x = nt.x
                 else:
                     tr.y = nt.y
-            fig.layout.title.text = _title(C, eps, one, two)
+            fig.layout.title.text = _title(pair)
 
     slider.observe(redraw, names="value")
     return W.VBox([slider, fig])
 
 
-def attention_explorer(q, k):
-    """Live attention map: temperature slider and causal checkbox (needs a running kernel)."""
+def attention_explorer(maps_at: Callable[[float], AttentionMap]):
+    """Live attention map: temperature slider and causal checkbox (needs a running kernel).
+    ``maps_at(tau)`` computes the step, e.g. ``lambda tau: attnlib.experiments.eot.attention_map(q, k, tau)``."""
     import ipywidgets as W
 
-    q, k = as_single_head("q", q), as_single_head("k", k)
-    fig = go.FigureWidget(go.Heatmap(z=_attention_weights(q, k, 1.0, False), zmin=0, zmax=1,
-                                     colorscale="Viridis"))
+    first = maps_at(1.0)
+    fig = go.FigureWidget(go.Heatmap(z=first.full, zmin=0, zmax=1, colorscale="Viridis"))
     fig.update_layout(title="attention weights", yaxis=dict(autorange="reversed"), height=420)
     tau = W.FloatLogSlider(value=1.0, min=-2, max=2, step=0.05, description="τ")
-    causal = W.Checkbox(value=False, description="causal", disabled=q.shape[0] != k.shape[0])
+    causal = W.Checkbox(value=False, description="causal", disabled=first.causal is None)
 
     def redraw(change=None):
-        fig.data[0].z = _attention_weights(q, k, tau.value, causal.value)
+        m = maps_at(tau.value)
+        fig.data[0].z = m.causal if causal.value and m.causal is not None else m.full
 
     tau.observe(redraw, names="value")
     causal.observe(redraw, names="value")

@@ -5,18 +5,21 @@ rotatable 3-D scene). ``features_figure`` is a Plotly-native slider over ``(r, o
 normalised Plücker coordinates of every position of a sequence (works in the static book).
 ``pair_figure`` shows, for one layer and one input, the plane of ``z_t`` and ``z_{t-delta}``, its
 coordinates and the gate at ``t``; ``pair_explorer`` wraps it in ipywidgets for a live kernel.
+They draw what :mod:`attnlib.experiments.grassmann` computes (:func:`~attnlib.experiments.grassmann.planes_in_r3`,
+:func:`~attnlib.experiments.grassmann.plucker_feature_maps`, :func:`~attnlib.experiments.grassmann.pair_plane`,
+:func:`~attnlib.experiments.grassmann.pair_terms`); the live explorer takes the function that computes a step.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import plotly.graph_objects as go
-import torch
 from plotly.subplots import make_subplots
 
-from ..grassmann import CausalGrassmannMixing, pair_indices, plucker, plucker_features
+from ..experiments.grassmann import PairPlane, PlaneR3, PluckerFeatureMap
+from ..grassmann import pair_indices
 from ._slider import add_frame_slider
 from ._style import COLORWAY, SIGNED_SCALE, wrap
 
@@ -50,19 +53,21 @@ def _plane_traces(u: np.ndarray, w: np.ndarray, color: str, name: str, scene: st
     return traces
 
 
-def planes_figure(pairs: Sequence[tuple]) -> go.Figure:
+def planes_figure(planes: Sequence[PlaneR3]) -> go.Figure:
     """Planes ``span(u, w)`` in ``R^3`` with ``u``, ``w`` and the unit normal. The title lists each
-    plane's Plücker coordinates ``(p01, p02, p12) = (c2, -c1, c0)`` with ``c = u x w``."""
+    plane's Plücker coordinates ``(p01, p02, p12) = (c2, -c1, c0)`` with ``c = u x w``.
+
+    ``planes``: :func:`attnlib.experiments.grassmann.planes_in_r3` (one
+    :class:`~attnlib.experiments.grassmann.PlaneR3` per plane)."""
     fig = go.Figure()
     lines, vectors = [], []
-    for k, (u, w) in enumerate(pairs):
-        u, w = np.asarray(u, dtype=float), np.asarray(w, dtype=float)
-        if u.shape != (3,) or w.shape != (3,):
-            raise ValueError(f"planes_figure draws planes of R^3; pair {k} has shapes {u.shape}, {w.shape}")
-        vectors += [u, w]
-        for tr in _plane_traces(u, w, COLORS[k % len(COLORS)], f"plane {k}"):
+    for k, pl in enumerate(planes):
+        if not isinstance(pl, PlaneR3):
+            raise TypeError(f"planes[{k}] must be an attnlib.experiments.grassmann.PlaneR3; got {type(pl).__name__}")
+        vectors += [pl.u, pl.w]
+        for tr in _plane_traces(pl.u, pl.w, COLORS[k % len(COLORS)], f"plane {k}"):
             fig.add_trace(tr)
-        p = plucker(torch.tensor(u), torch.tensor(w)).numpy()
+        p = pl.coordinates
         lines.append(f"plane {k}: p = ({p[0]:.2f}, {p[1]:.2f}, {p[2]:.2f})")
     fig.update_layout(title="Planes and their Plücker coordinates<br><sup>"
                       + "<br>".join(lines) + "</sup>", height=560, scene=_scene(vectors),
@@ -70,98 +75,86 @@ def planes_figure(pairs: Sequence[tuple]) -> go.Figure:
     return fig
 
 
-def features_figure(z: torch.Tensor, rs: Sequence[int], offsets: Sequence[int]) -> go.Figure:
+def features_figure(maps: Sequence[PluckerFeatureMap]) -> go.Figure:
     """Slider over every ``(r, delta)``: a heatmap of the normalised Plücker coordinates of
     ``span(z_t[:r], z_{t-delta}[:r])`` (rows: positions ``t``; columns: pairs ``(i, j)``). The first
     ``delta`` rows are zero: those positions have no partner ``delta`` steps back.
 
-    Args: ``z: [L, R]`` one sequence of reduced vectors, with ``R >= max(rs)``.
+    ``maps``: :func:`attnlib.experiments.grassmann.plucker_feature_maps` of one sequence (one
+    :class:`~attnlib.experiments.grassmann.PluckerFeatureMap` per step).
     """
-    z = torch.as_tensor(z, dtype=torch.float64)
-    if z.dim() != 2 or z.shape[1] < max(rs):
-        raise ValueError(f"z has shape {tuple(z.shape)}; expected [L, R] with R >= max(rs) = {max(rs)}")
+    maps = list(maps)
+    if not maps:
+        raise ValueError("maps must hold at least one slider step (one per (r, delta))")
+    for n, fm in enumerate(maps):
+        if not isinstance(fm, PluckerFeatureMap):
+            raise TypeError(f"maps[{n}] must be an attnlib.experiments.grassmann.PluckerFeatureMap; "
+                            f"got {type(fm).__name__}")
     frames, labels = [], []
-    for r in rs:
-        i, j = pair_indices(r)
-        cols = [f"({a},{b})" for a, b in zip(i.tolist(), j.tolist())]
+    for fm in maps:
+        cols = [f"({a},{b})" for a, b in fm.pairs]
         # Numeric columns with per-frame tick labels and x-range: a step with a larger r has more
         # columns than the first, and a frame that did not set its own range would show only the
         # first frame's columns.
         xaxis = dict(range=[-0.5, len(cols) - 0.5], tickvals=list(range(len(cols))), ticktext=cols,
                      title="Plücker coordinate (i, j)")
-        feats = plucker_features(z[None, :, :r], tuple(offsets), backend="torch")[0]     # [L, W, C]
-        for k, delta in enumerate(offsets):
-            name = f"r={r}, delta={delta}"
-            fk = feats[:, k].numpy()
-            frames.append(go.Frame(name=name, data=[go.Heatmap(
-                z=fk, x=list(range(len(cols))), zmin=-1, zmax=1, colorscale=SIGNED_SCALE,
-                colorbar=dict(title=dict(text="p<sub>ij</sub>")), text=[cols] * fk.shape[0],
-                hovertemplate="position %{y}, coordinate %{text}: %{z:.3f}<extra></extra>")],
-                layout=go.Layout(title=f"Normalised Plücker coordinates, r = {r}, δ = {delta}", xaxis=xaxis)))
-            labels.append(f"{r},{delta}")
+        frames.append(go.Frame(name=f"r={fm.r}, delta={fm.delta}", data=[go.Heatmap(
+            z=fm.features, x=list(range(len(cols))), zmin=-1, zmax=1, colorscale=SIGNED_SCALE,
+            colorbar=dict(title=dict(text="p<sub>ij</sub>")), text=[cols] * fm.features.shape[0],
+            hovertemplate="position %{y}, coordinate %{text}: %{z:.3f}<extra></extra>")],
+            layout=go.Layout(title=f"Normalised Plücker coordinates, r = {fm.r}, δ = {fm.delta}", xaxis=xaxis)))
+        labels.append(f"{fm.r},{fm.delta}")
     fig = go.Figure(data=frames[0].data, layout=dict(height=500, title=frames[0].layout.title.text,
                                                      xaxis=frames[0].layout.xaxis, yaxis_autorange="reversed"))
     fig.update_layout(yaxis_title="position t")
     return add_frame_slider(fig, frames, labels, prefix="(r, δ) = ")
 
 
-def pair_figure(layer: CausalGrassmannMixing, h: torch.Tensor, t: int, delta: int, *,
-                tokens: Sequence[str] | None = None) -> go.Figure:
-    """One position ``t`` and one offset of a layer on input ``h [1, L, d]``: left, the plane of
-    ``z_t`` and ``z_{t-delta}`` drawn in 3-D (for ``r > 3``, in the span of the reduced space's first
-    three principal directions over the sequence -- a projection, said in the title); middle, its
-    ``C(r, 2)`` normalised coordinates; right, the gate ``alpha_t`` per channel (1 keeps ``h_t``,
-    0 takes the Grassmann signal)."""
-    L = h.shape[1]
-    if not 0 <= t < L:
-        raise ValueError(f"t must be in [0, {L}); got {t}")
-    if t - delta < 0:
-        raise ValueError(f"t - delta = {t - delta} < 0: position {t} has no partner {delta} steps back")
-    with torch.no_grad():
-        x = layer.norm(h) if layer.norm_kind == "pre" else h
-        z, g = layer.mixing_signal(x)
-        alpha = layer.gate_value(x, g)[0, t]
-    z = z[0].double()
-    u, w = z[t], z[t - delta]
-    p = plucker(u, w)
-    p = p / p.norm().clamp_min(layer.eps)
-    r = z.shape[1]
-    if r == 3:
-        u3, w3, note = u.numpy(), w.numpy(), "z in R³"
-    else:
-        basis = torch.linalg.svd(z - z.mean(0), full_matrices=False).Vh[:3]           # [3, r]
-        note = f"projected from R{str(r).translate(SUPERSCRIPTS)} to 3 principal axes"
-        u3, w3 = (basis @ u).numpy(), (basis @ w).numpy()
+def pair_figure(plane: PairPlane, *, tokens: Sequence[str] | None = None) -> go.Figure:
+    """One position ``t`` and one offset of a layer on one input (:func:`attnlib.experiments.grassmann.pair_plane`):
+    left, the plane of ``z_t`` and ``z_{t-delta}`` drawn in 3-D (for ``r > 3``, in the span of the
+    reduced space's first three principal directions over the sequence -- a projection, said in the
+    title); middle, its ``C(r, 2)`` normalised coordinates; right, the gate ``alpha_t`` per channel (1
+    keeps ``h_t``, 0 takes the Grassmann signal). ``tokens`` label the positions in the title."""
+    if not isinstance(plane, PairPlane):
+        raise TypeError(f"plane must be an attnlib.experiments.grassmann.PairPlane; got {type(plane).__name__}")
+    t, delta = plane.t, plane.delta
+    note = (f"projected from R{str(plane.r).translate(SUPERSCRIPTS)} to 3 principal axes" if plane.projected
+            else "z in R³")
     label = (lambda s: f"{s} ({tokens[s]!r})") if tokens is not None else str
     # The plane on top at full width (a 3-D scene squeezed into a third of a phone is cut off), the two bar
     # charts under it; short panel titles (long ones overprint their neighbours), the rest in the title.
     fig = make_subplots(rows=2, cols=2, row_heights=[0.55, 0.45], horizontal_spacing=0.2, vertical_spacing=0.1,
                         specs=[[{"type": "scene", "colspan": 2}, None], [{"type": "xy"}, {"type": "xy"}]],
                         subplot_titles=("the plane", "coordinates", "gate α<sub>t</sub>"))
-    for tr in _plane_traces(u3, w3, COLORS[0], f"t={t}, delta={delta}"):
+    for tr in _plane_traces(plane.u, plane.w, COLORS[0], f"t={t}, delta={delta}"):
         fig.add_trace(tr, row=1, col=1)
-    i, j = pair_indices(r)
-    fig.add_trace(go.Bar(x=[f"({a},{b})" for a, b in zip(i.tolist(), j.tolist())], y=p.numpy(),
+    fig.add_trace(go.Bar(x=[f"({a},{b})" for a, b in plane.pairs], y=plane.coordinates,
                          marker_color=COLORS[1], name="p_ij"), row=2, col=1)
-    fig.add_trace(go.Bar(y=alpha.double().numpy(), marker_color=COLORS[2], name="alpha"), row=2, col=2)
+    fig.add_trace(go.Bar(y=plane.gate, marker_color=COLORS[2], name="alpha"), row=2, col=2)
     fig.update_xaxes(title_text="pair (i, j)", row=2, col=1)
     fig.update_yaxes(title_text="normalised p<sub>ij</sub>", range=[-1.05, 1.05], row=2, col=1)
     fig.update_xaxes(title_text="channel", row=2, col=2)
     fig.update_yaxes(title_text="α<sub>t</sub> (1 keeps h<sub>t</sub>)", range=[0, 1], row=2, col=2)
-    fig.update_layout(height=780, showlegend=False, scene=_scene([u3, w3]), margin=dict(t=100),
+    fig.update_layout(height=780, showlegend=False, scene=_scene([plane.u, plane.w]), margin=dict(t=100),
                       title=f"The plane of z at {label(t)} and {label(t - delta)}<br><sup>t = {t}, δ = {delta}; "
-                            f"{note}<br>mean gate {alpha.mean().item():.2f}</sup>")
+                            f"{note}<br>mean gate {plane.mean_gate:.2f}</sup>")
     return fig
 
 
-def pair_explorer(layer: CausalGrassmannMixing, h: torch.Tensor, *, tokens: Sequence[str] | None = None):
-    """Live (ipywidgets): pick ``t`` and an offset of the layer; redraws :func:`pair_figure`."""
+def pair_explorer(plane_at: Callable[[int, int], PairPlane], *, T: int, offsets: Sequence[int],
+                  tokens: Sequence[str] | None = None):
+    """Live (ipywidgets): pick ``t`` (of ``T`` positions) and an offset (of ``offsets``); redraws
+    :func:`pair_figure` of ``plane_at(t, delta)``, e.g.
+    ``lambda t, delta: attnlib.experiments.grassmann.pair_plane(layer, h, t, delta)``."""
     import ipywidgets as W
     from IPython.display import display
 
-    L = h.shape[1]
-    t_slider = W.IntSlider(value=min(L - 1, max(layer.offsets)), min=0, max=L - 1, description="t")
-    d_pick = W.Dropdown(options=list(layer.offsets), value=layer.offsets[0], description="offset")
+    offsets = list(offsets)
+    if not offsets:
+        raise ValueError("offsets must hold at least one offset")
+    t_slider = W.IntSlider(value=min(T - 1, max(offsets)), min=0, max=T - 1, description="t")
+    d_pick = W.Dropdown(options=offsets, value=offsets[0], description="offset")
     out = W.Output()
 
     def redraw(change=None):
@@ -170,7 +163,7 @@ def pair_explorer(layer: CausalGrassmannMixing, h: torch.Tensor, *, tokens: Sequ
             if t_slider.value - d_pick.value < 0:
                 print(f"position {t_slider.value} has no partner {d_pick.value} steps back")
                 return
-            display(pair_figure(layer, h, t_slider.value, d_pick.value, tokens=tokens))
+            display(pair_figure(plane_at(t_slider.value, d_pick.value), tokens=tokens))
 
     t_slider.observe(redraw, "value")
     d_pick.observe(redraw, "value")
@@ -183,8 +176,8 @@ def plane_mixing_figure(terms: dict, t: int, plan, paired, *, active: int = 0) -
     exact softmax map of the same token states.
 
     ``terms``: :func:`attnlib.experiments.grassmann.pair_terms` of a layer with ``r = 3`` (so the plane is
-    drawn exactly, not projected); ``plan``: ``[L, L]`` causal softmax attention of the states ``y`` on
-    themselves; ``paired``: ``[L, L]`` bool, :func:`~attnlib.experiments.grassmann.pairing_pattern`.
+    drawn exactly, not projected); ``plan``: ``[T, T]`` causal softmax attention of the states ``y`` on
+    themselves; ``paired``: ``[T, T]`` bool, :func:`~attnlib.experiments.grassmann.pairing_pattern`.
 
     Top: the plane of ``y_t`` and ``y_{t-delta}`` in 3-D, with its normal; the pair's normalised Plücker
     coordinates (for ``r = 3``, the normal's entries up to order and sign); the pair's share
@@ -197,15 +190,15 @@ def plane_mixing_figure(terms: dict, t: int, plan, paired, *, active: int = 0) -
     if z.ndim != 2 or z.shape[1] != 3:
         raise ValueError(f"terms['z'] has shape {z.shape}; plane_mixing_figure draws planes of R^3 (a layer "
                          "with reduced_dim=3); pair_figure projects larger ones")
-    L = z.shape[0]
+    T = z.shape[0]
     offsets, partners = list(terms["offsets"]), list(terms["partners"])
     if not offsets:
         raise ValueError(f"position {t} has no partner: no plane to draw")
     feats, shares = np.asarray(terms["features"], dtype=np.float64), np.asarray(terms["terms"], dtype=np.float64)
     signal, gate = np.asarray(terms["signal"], dtype=np.float64), np.asarray(terms["gate"], dtype=np.float64)
     plan, paired = np.asarray(plan, dtype=np.float64), np.asarray(paired, dtype=bool)
-    if plan.shape != (L, L) or paired.shape != (L, L):
-        raise ValueError(f"plan and paired must be [L, L] = {(L, L)}; got {plan.shape} and {paired.shape}")
+    if plan.shape != (T, T) or paired.shape != (T, T):
+        raise ValueError(f"plan and paired must be [T, T] = {(T, T)}; got {plan.shape} and {paired.shape}")
     i, j = pair_indices(3)
     coords = [f"({a},{b})" for a, b in zip(i.tolist(), j.tolist())]
     channels = list(range(signal.shape[0]))
@@ -217,10 +210,10 @@ def plane_mixing_figure(terms: dict, t: int, plan, paired, *, active: int = 0) -
                    aspectmode="cube", camera=dict(eye=dict(x=1.5, y=1.5, z=1.0))),
         xaxis=dict(title_text="Plücker coordinate (i, j)"), yaxis=dict(range=[-1.05, 1.05], title_text="ω̂ᵢⱼ"),
         xaxis2=dict(title_text="output channel"), yaxis2=dict(range=[-smax, smax], title_text="signal ξ_t"),
-        xaxis3=dict(range=[-0.5, L - 0.5], title_text="key position s"),
-        yaxis3=dict(range=[L - 0.5, -0.5], title_text="position t"),
-        xaxis4=dict(range=[-0.5, L - 0.5], title_text="partner position t − δ"),
-        yaxis4=dict(range=[L - 0.5, -0.5], title_text="position t"),
+        xaxis3=dict(range=[-0.5, T - 0.5], title_text="key position s"),
+        yaxis3=dict(range=[T - 0.5, -0.5], title_text="position t"),
+        xaxis4=dict(range=[-0.5, T - 0.5], title_text="partner position t − δ"),
+        yaxis4=dict(range=[T - 0.5, -0.5], title_text="position t"),
         xaxis5=dict(title_text="channel"), yaxis5=dict(range=[0, 1], title_text="gate ζₜ"))
 
     def title(k):

@@ -55,7 +55,7 @@ def crosspolytope_codes(x: torch.Tensor, rotations: torch.Tensor) -> torch.Tenso
     """Bucket keys of ``x [B, H, T, D]`` under ``rotations [l, z, D, D]``: int64 ``[B, H, l, T]``."""
     _, H, T, D = x.shape
     n_tables, Z = rotations.shape[:2]
-    code, BLOCK_T, BLOCK_D, grid = hash_launch(x, n_tables, gpu_block_t=32)
+    code, BLOCK_T, BLOCK_D, grid = hash_launch(x, n_tables, gpu_block_t=32, max_dim=128)   # a [D, D] fp32 tile
     if code.numel() == 0:
         return code
     g = rotations.to(device=x.device, dtype=torch.float32).contiguous()

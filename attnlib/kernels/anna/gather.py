@@ -11,9 +11,9 @@ segment ``[lo, hi)`` because ``lo`` is a bucket start: one entry read per table,
 The same kernel serves the causal form: there ``hi`` stops at the query's own time inside its bucket.
 
 Tiling. The grid is ``(cdiv(Tq, BLOCK_T), B * H)``: one program owns ``BLOCK_T`` queries of one
-(batch, head) and all ``Dv`` value columns (``BLOCK_V``, padded to a power of two). It loops over the
+(batch, head) and all ``Dv`` value columns (``BLOCK_DV``, padded to a power of two). It loops over the
 tables; per table it loads the ``BLOCK_T`` pairs ``(lo, hi)``, gathers the row ``S[hi - 1]`` of each
-query that collides in that table (``[BLOCK_T, BLOCK_V]``, a scattered read of whole rows; the others
+query that collides in that table (``[BLOCK_T, BLOCK_DV]``, a scattered read of whole rows; the others
 load nothing, masked to 0) and adds it to a float32 accumulator in registers, the counts to a second
 one. After the last table it divides and writes the tile once, in the output dtype.
 """
@@ -24,6 +24,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ..common import launch
+
 
 @triton.jit
 def _anna_gather_kernel(S, LO, HI, O,
@@ -31,16 +33,16 @@ def _anna_gather_kernel(S, LO, HI, O,
                         stride_ib, stride_ih, stride_il, stride_it,
                         stride_ob, stride_oh, stride_ot, stride_ov,
                         H, T, DV, N_TABLES,
-                        BLOCK_T: tl.constexpr, BLOCK_V: tl.constexpr):
+                        BLOCK_T: tl.constexpr, BLOCK_DV: tl.constexpr):
     pid_t = tl.program_id(0)
     pid_bh = tl.program_id(1)
     b = pid_bh // H
     h = pid_bh % H
     offs_t = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
-    offs_v = tl.arange(0, BLOCK_V)
+    offs_v = tl.arange(0, BLOCK_DV)
     tmask, vmask = offs_t < T, offs_v < DV
 
-    acc = tl.zeros([BLOCK_T, BLOCK_V], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_T, BLOCK_DV], dtype=tl.float32)
     cnt = tl.zeros([BLOCK_T], dtype=tl.float32)
     for table in range(0, N_TABLES):
         i_base = b * stride_ib + h * stride_ih + table * stride_il + offs_t * stride_it
@@ -62,10 +64,12 @@ def anna_gather(scan: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, out_dtyp
     o = torch.empty(B, H, Tq, Dv, dtype=out_dtype, device=scan.device)
     if o.numel() == 0:
         return o
+    launch.require_launchable(scan, Dv)
     lo, hi = lo.contiguous(), hi.contiguous()
-    BLOCK_T = 16 if scan.device.type != "cuda" else 64
-    BLOCK_V = max(16, triton.next_power_of_2(Dv))
+    BLOCK_T = launch.choose([triton.Config({"BLOCK_T": 64})], {}, scan.device,
+                            interpret=dict(BLOCK_T=launch.MIN_DOT))["BLOCK_T"]
+    BLOCK_DV = launch.head_block(Dv)                 # every value column in one program
     grid = (triton.cdiv(Tq, BLOCK_T), B * H)
     _anna_gather_kernel[grid](scan, lo, hi, o, *scan.stride(), *lo.stride(), *o.stride(),
-                              H, Tq, Dv, n_tables, BLOCK_T=BLOCK_T, BLOCK_V=BLOCK_V)
+                              H, Tq, Dv, n_tables, BLOCK_T=BLOCK_T, BLOCK_DV=BLOCK_DV)
     return o

@@ -10,8 +10,8 @@ a running sum restarted at every bucket start. A query whose segment of the sort
 (``gather.anna_gather``): one entry, no difference of two running sums, so a value reaches only the
 queries that share its bucket, and a NaN, inf or huge value in one bucket leaves the others' bits alone.
 
-Tiling. The grid is ``(cdiv(Dv, BLOCK_V), B * H * l)``: one program owns one (batch, head, table) and
-``BLOCK_V`` value columns, and walks the sorted order in tiles of ``BLOCK_T`` rows. Per tile it gathers
+Tiling. The grid is ``(cdiv(Dv, BLOCK_DV), B * H * l)``: one program owns one (batch, head, table) and
+``BLOCK_DV`` value columns, and walks the sorted order in tiles of ``BLOCK_T`` rows. Per tile it gathers
 the rows ``v[perm]`` (a scattered read of whole rows), scans them with ``tl.associative_scan`` under
 the segmented-sum operator ``(a, fa) + (b, fb) = (b if fb else a + b, fa | fb)`` (``fb``: a bucket
 starts at ``b``), adds the carry -- the running sum of the bucket still open at the tile's first row --
@@ -24,6 +24,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
+from ..common import launch
 
 
 @triton.jit
@@ -39,19 +41,19 @@ def _anna_segmented_scan_kernel(V, PERM, START, S,
                                 stride_pb, stride_ph, stride_pl, stride_pt,
                                 stride_sb, stride_sh, stride_sl, stride_st, stride_sv,
                                 H, L, T, DV,
-                                BLOCK_T: tl.constexpr, BLOCK_V: tl.constexpr):
+                                BLOCK_T: tl.constexpr, BLOCK_DV: tl.constexpr):
     pid_v = tl.program_id(0)
     pid = tl.program_id(1)                                   # (b * H + h) * L + table
     table = pid % L
     b = pid // L // H
     h = pid // L % H
-    offs_v = pid_v * BLOCK_V + tl.arange(0, BLOCK_V)
+    offs_v = pid_v * BLOCK_DV + tl.arange(0, BLOCK_DV)
     vmask = offs_v < DV
     idx_base = b * stride_pb + h * stride_ph + table * stride_pl
     v_base = V + b * stride_vb + h * stride_vh + offs_v[None, :] * stride_vv
     s_base = S + b * stride_sb + h * stride_sh + table * stride_sl + offs_v[None, :] * stride_sv
 
-    carry = tl.zeros([BLOCK_V], dtype=tl.float32)
+    carry = tl.zeros([BLOCK_DV], dtype=tl.float32)
     for t0 in range(0, T, BLOCK_T):
         offs_t = t0 + tl.arange(0, BLOCK_T)
         tmask = offs_t < T
@@ -59,7 +61,7 @@ def _anna_segmented_scan_kernel(V, PERM, START, S,
         perm = tl.load(PERM + idx_base + offs_t * stride_pt, mask=tmask, other=0)
         start = tl.load(START + idx_base + offs_t * stride_pt, mask=tmask, other=0)
         x = tl.load(v_base + perm[:, None] * stride_vt, mask=m2, other=0.0).to(tl.float32)
-        starts = tl.broadcast_to((start == offs_t).to(tl.int32)[:, None], (BLOCK_T, BLOCK_V))
+        starts = tl.broadcast_to((start == offs_t).to(tl.int32)[:, None], (BLOCK_T, BLOCK_DV))
         y, _ = tl.associative_scan((x, starts), 0, _segmented_sum)
         y = tl.where((start < t0)[:, None], y + carry[None, :], y)   # continues the bucket open at t0
         tl.store(s_base + offs_t[:, None] * stride_st, y, mask=m2)
@@ -74,10 +76,12 @@ def anna_segmented_scan(v: torch.Tensor, perm: torch.Tensor, start: torch.Tensor
     S = torch.empty(B, H, n_tables, Tk, Dv, dtype=torch.float32, device=v.device)
     if S.numel() == 0:
         return S
+    launch.require_launchable(v, Dv)
     perm, start = perm.contiguous(), start.contiguous()
-    BLOCK_T = 16 if v.device.type != "cuda" else 128
-    BLOCK_V = min(64, max(16, triton.next_power_of_2(Dv)))
-    grid = (triton.cdiv(Dv, BLOCK_V), B * H * n_tables)
+    BLOCK_T = launch.choose([triton.Config({"BLOCK_T": 128})], {}, v.device,
+                            interpret=dict(BLOCK_T=launch.MIN_DOT))["BLOCK_T"]
+    BLOCK_DV = min(64, launch.head_block(Dv))
+    grid = (triton.cdiv(Dv, BLOCK_DV), B * H * n_tables)
     _anna_segmented_scan_kernel[grid](v, perm, start, S, *v.stride(), *perm.stride(), *S.stride(),
-                                      H, n_tables, Tk, Dv, BLOCK_T=BLOCK_T, BLOCK_V=BLOCK_V)
+                                      H, n_tables, Tk, Dv, BLOCK_T=BLOCK_T, BLOCK_DV=BLOCK_DV)
     return S

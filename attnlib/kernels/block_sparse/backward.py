@@ -17,7 +17,8 @@ As in the forward, the tiles divide the mask's block size ``BS`` (asserted at co
 (:func:`dq_tiles`), and shrunk where the device's shared memory is short (``forward.fit_tiles``). Tiles
 past the ends or wholly on the far side of the causal diagonal are skipped.
 
-Every tile is masked (causal diagonal; ragged tails load as zeros and add nothing). Rows that visit no
+Every tile is masked (causal diagonal; ragged tails): masked pairs get ``P = dS = 0`` by ``tl.where``,
+whatever q, k, v hold there (``online_softmax.dkdv_tile``, ``dq_tile``). Rows that visit no
 key have ``lse = -inf``; the wrapper hands the kernels ``+inf`` for them, so their ``P`` is 0 and they
 contribute no gradient -- as in the reference, where such a row depends on no score.
 """
@@ -30,7 +31,14 @@ import triton.language as tl
 
 from ..common import launch
 from ..common import online_softmax as softmax
-from ..common.online_softmax import dkdv_over_queries, dkdv_program_init, dq_over_keys, dq_program_init
+from ..common.online_softmax import (
+    dkdv_over_queries,
+    dkdv_program_init,
+    dq_over_keys,
+    dq_program_init,
+    no_bad,
+    poison_rows,
+)
 from ..common.precision import softmax_precision
 from ..common.tiles import program_tile, store_tile
 from ..flash.backward import bwd_smem
@@ -69,8 +77,8 @@ def _block_sparse_bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV_OUT, COUNTS_T,
             lo = tl.maximum(lo, (start_n // BLOCK_M) * BLOCK_M)     # rows before every key: nothing to add
         dk, dv = dkdv_over_queries(dk, dv, k, v, Q_base, DO_base, b, h, LSE + pid_bh * T_Q, DELTA + pid_bh * T_Q,
                                    None, lo, tl.minimum(block_start + BS, T_Q), offs_n, offs_mb, offs_d, offs_dv,
-                                   stride_qt, stride_qd, stride_dot, stride_dod, 0, 0, T_Q, D, DV, qk_scale, sm_scale,
-                                   BLOCK_M=BLOCK_M, MASK_T=True, MASK_CAUSAL=CAUSAL, EVEN_D=False,
+                                   stride_qt, stride_qd, stride_dot, stride_dod, 0, 0, T_Q, T_K, D, DV, qk_scale,
+                                   sm_scale, BLOCK_M=BLOCK_M, MASK_T=True, MASK_CAUSAL=CAUSAL, EVEN_D=False,
                                    PRECISION=PRECISION, TMA=False, ATOMIC_DQ=False)
 
     store_tile(DK + b * stride_dkb + h * stride_dkh, dk * sm_scale, offs_n, offs_d, stride_dkt, stride_dkd, T_K, D)
@@ -101,17 +109,19 @@ def _block_sparse_bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, COUNTS, INDICES,
     V_base = V + b * stride_vb + h * stride_vh
     n_visit = tl.load(COUNTS + h * stride_ch + q_block * stride_cm)
     idx_base = INDICES + h * stride_ih + q_block * stride_im
+    bad = no_bad(BLOCK_D)
     for t in range(0, n_visit):
         block_start = tl.load(idx_base + t * stride_it) * BS
         hi = tl.minimum(block_start + BS, T_K)
         if CAUSAL:
             hi = tl.minimum(hi, start_m + BLOCK_M)                  # keys after every row: nothing to add
-        dq = dq_over_keys(dq, q, do, lse2, delta, K_base, V_base, b, h, block_start, hi, offs_m, offs_nb, offs_d,
-                          offs_dv, stride_kt, stride_kd, stride_vt, stride_vd, T_K, D, DV, qk_scale,
-                          BLOCK_N=BLOCK_N, MASK_T=True, MASK_CAUSAL=CAUSAL, EVEN_D=False, PRECISION=PRECISION,
-                          TMA=False)
+        dq, bad = dq_over_keys(dq, bad, q, do, lse2, delta, K_base, V_base, b, h, block_start, hi, offs_m, offs_nb,
+                               offs_d, offs_dv, stride_kt, stride_kd, stride_vt, stride_vd, T_K, D, DV, qk_scale,
+                               BLOCK_N=BLOCK_N, MASK_T=True, MASK_CAUSAL=CAUSAL, EVEN_D=False, PRECISION=PRECISION,
+                               TMA=False)
 
-    store_tile(DQ + b * stride_dqb + h * stride_dqh, dq * sm_scale, offs_m, offs_d, stride_dqt, stride_dqd, T_Q, D)
+    dq = poison_rows(dq * sm_scale, bad, offs_m)
+    store_tile(DQ + b * stride_dqb + h * stride_dqh, dq, offs_m, offs_d, stride_dqt, stride_dqd, T_Q, D)
 
 
 def dq_tiles(block_size: int, width: int, device: torch.device) -> tuple[int, int]:

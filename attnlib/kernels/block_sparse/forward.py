@@ -27,7 +27,10 @@ usually small, so the two-stage unmasked/masked split of the dense kernel is not
 
 Rows that see no key (an empty row of the mask, or a causal block with nothing at or left of the
 diagonal) keep ``m = -inf`` and ``l = 0``; they are written as ``o = 0`` and ``lse = -inf``
-(the log of an empty sum), never NaN. The backward is in ``backward.py``.
+(the log of an empty sum), never NaN. A row that has keys but whose logits are all ``-inf`` (a
+non-finite q or k) is written as NaN with ``lse = -inf``, as in the reference, never as 0. Inside a
+visited tile that the causal diagonal cuts, a key reaches only the rows that see it, whatever it holds
+(``online_softmax.attend_keys``). The backward is in ``backward.py``.
 """
 
 from __future__ import annotations
@@ -36,9 +39,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ..._backend import INTERPRET
 from ..common import launch
-from ..common.online_softmax import LOG2E, attend_keys, softmax_init, store_o_lse
+from ..common.online_softmax import LOG2E, attend_keys, no_bad, softmax_init, store_o_lse
 from ..common.precision import softmax_precision
 from ..common.tiles import load_tile, program_tile
 from ..flash.forward import fwd_smem
@@ -72,6 +74,7 @@ def _block_sparse_fwd_kernel(Q, K, V, O, LSE, COUNTS, INDICES,
     V_base = V + b * stride_vb + h * stride_vh
 
     acc, l_i, m_i = softmax_init(BLOCK_M, BLOCK_DV)
+    bad = no_bad(BLOCK_DV)
 
     n_visit = tl.load(COUNTS + h * stride_ch + q_block * stride_cm)
     idx_base = INDICES + h * stride_ih + q_block * stride_im
@@ -80,12 +83,16 @@ def _block_sparse_fwd_kernel(Q, K, V, O, LSE, COUNTS, INDICES,
         hi = tl.minimum(block_start + BS, T_K)
         if CAUSAL:
             hi = tl.minimum(hi, start_m + BLOCK_M)                  # keys after every row: nothing to add
-        acc, l_i, m_i = attend_keys(acc, l_i, m_i, q, K_base, V_base, b, h, block_start, hi, offs_m, offs_n, offs_d,
-                                    offs_dv, stride_kt, stride_kd, stride_vt, stride_vd, T_K, D, DV, qk_scale,
-                                    BLOCK_N=BLOCK_N, MASK_T=True, CAUSAL=CAUSAL, EVEN_D=False, PRECISION=PRECISION,
-                                    TMA=False)
-    # Empty rows: acc = 0, so o = 0, and lse = -inf. LSE: contiguous [B, H, Tq].
-    store_o_lse(O + b * stride_ob + h * stride_oh, LSE + pid_bh * T_Q, acc, l_i, m_i, offs_m, offs_dv,
+        acc, l_i, m_i, bad = attend_keys(acc, l_i, m_i, bad, q, K_base, V_base, b, h, block_start, hi, offs_m,
+                                         offs_n, offs_d, offs_dv, stride_kt, stride_kd, stride_vt, stride_vd, T_K, D,
+                                         DV, qk_scale, BLOCK_N=BLOCK_N, MASK_T=True, CAUSAL=CAUSAL, EVEN_D=False,
+                                         PRECISION=PRECISION, TMA=False)
+    # A row has keys if it visits a block, and when causal if the first visited block starts at or
+    # before it; empty rows get o = 0 and lse = -inf. LSE: contiguous [B, H, Tq].
+    has_keys = (offs_m >= 0) & (n_visit > 0)
+    if CAUSAL:
+        has_keys = has_keys & (tl.load(idx_base) * BS <= offs_m)
+    store_o_lse(O + b * stride_ob + h * stride_oh, LSE + pid_bh * T_Q, acc, l_i, m_i, has_keys, bad, offs_m, offs_dv,
                 stride_ot, stride_od, T_Q, DV)
 
 
@@ -111,9 +118,7 @@ def check_block_size(block_size: int) -> None:
 
 def tile(block_size: int, gpu_tile: int, head_dim: int) -> int:
     """A kernel tile that divides the mask's block: ``min(block_size, gpu_tile)``, halved for heads wider
-    than 128 (registers); 16 under the interpreter, so that CPU tests cover several tiles per block."""
-    if INTERPRET:
-        return 16
+    than 128 (registers); :func:`fit_tiles` starts from it on a GPU."""
     return min(block_size, gpu_tile if head_dim <= 128 else gpu_tile // 2)
 
 
@@ -126,15 +131,12 @@ def fit_tiles(bm: int, bn: int, smem, args: dict, device: torch.device) -> tuple
     kernel's estimate for the same tile loop (``flash.forward.fwd_smem``, ``flash.backward.bwd_smem``).
     Half precision keeps the tiles of :func:`tile` on every target (compiled for sm_80, sm_89, sm_90 at
     D = 64, 128, 256: at most 98 KB, no spill); float32 doubles every tile, and 128 x 64 at D = 128
-    took 164 KB on sm_89, which offers 99."""
-    limit = launch.shared_memory_limit(device)
-    while max(bm, bn) > launch.MIN_DOT and smem(triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_stages=STAGES),
-                                                 args) > limit:
-        if bm >= bn:
-            bm //= 2
-        else:
-            bn //= 2
-    return bm, bn
+    took 164 KB on sm_89, which offers 99. The halvings are candidates chosen by ``launch.choose``, the
+    rule every launch follows (16 x 16 under the interpreter, so that CPU tests cover several tiles per
+    block)."""
+    tiles = launch.choose(launch.halvings(bm, bn, first="M", num_stages=STAGES), args, device, smem=smem,
+                          interpret=dict(BLOCK_M=launch.MIN_DOT, BLOCK_N=launch.MIN_DOT))
+    return tiles["BLOCK_M"], tiles["BLOCK_N"]
 
 
 def block_sparse_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

@@ -21,11 +21,11 @@ gradient of ``v_new`` through the chunk's own outputs (see ``chunk_o.py``):
 and at the end ``dh = dL/dh_0``.
 
 Tiling. The columns of ``h`` evolve independently, and for linear attention so do its rows: a program
-owns a ``[BLOCK_K, BLOCK_V]`` tile of one (batch, head)'s ``h`` and keeps it in float32 registers for the
+owns a ``[BLOCK_D, BLOCK_DV]`` tile of one (batch, head)'s ``h`` and keeps it in float32 registers for the
 whole sequence, walking the chunks in order (reverse order for the gradient). The grid is
-``(cdiv(D, BLOCK_K) * cdiv(Dv, BLOCK_V), B * H)``. Linear attention may split the key dimension; the
+``(cdiv(D, BLOCK_D) * cdiv(Dv, BLOCK_DV), B * H)``. Linear attention may split the key dimension; the
 delta rule may not (``v_new = U - W h`` needs every row of ``h``), nor may the reverse pass (``K dh`` needs
-them too): there ``BLOCK_K`` covers ``D``. With few (batch, head) pairs and a long sequence -- B1 H8
+them too): there ``BLOCK_D`` covers ``D``. With few (batch, head) pairs and a long sequence -- B1 H8
 T65536 has 8 -- the split is what gives the GPU enough programs: the autotuner's key holds the
 power-of-two bucket of ``B * H`` so that it tunes the split per bucket.
 
@@ -41,17 +41,17 @@ import triton
 import triton.language as tl
 
 from .chunk_tiles import chunk_gates, chunk_rows, decay_to_end, load_chunk, store_chunk
-from .launch import autotuned, head_block, interpret_config, num_chunks, pruner
+from .launch import autotuned, chunk_invariants, head_block, interpret_config, num_chunks, pruner
 from .precision import dot, io_dtype, wide_dtype, wide_storage
 
 
 @triton.jit
-def _state_tile(pid, bh, D, DV, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr):
-    """``(offs_k, offs_v, hmask, s_offs)`` of the ``[BLOCK_K, BLOCK_V]`` tile of ``h = S^T`` that program
+def _state_tile(pid, bh, D, DV, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
+    """``(offs_k, offs_v, hmask, s_offs)`` of the ``[BLOCK_D, BLOCK_DV]`` tile of ``h = S^T`` that program
     ``pid`` of its (batch, head) owns: ``s_offs`` addresses it in a ``[B, H, Dv, D]`` state."""
-    nv = tl.cdiv(DV, BLOCK_V)
-    offs_k = (pid // nv) * BLOCK_K + tl.arange(0, BLOCK_K)
-    offs_v = (pid % nv) * BLOCK_V + tl.arange(0, BLOCK_V)
+    nv = tl.cdiv(DV, BLOCK_DV)
+    offs_k = (pid // nv) * BLOCK_D + tl.arange(0, BLOCK_D)
+    offs_v = (pid % nv) * BLOCK_DV + tl.arange(0, BLOCK_DV)
     hmask = (offs_k < D)[:, None] & (offs_v < DV)[None, :]
     return offs_k, offs_v, hmask, bh * DV * D + offs_v[None, :] * D + offs_k[:, None]
 
@@ -66,22 +66,23 @@ def _store_state(Hs, h, bh, NT, c, offs_k, offs_v, D, DV, hmask):
 @triton.jit
 def _fwd_h_kernel(K, V, W, G, H0, Hs, VNEW, HT,
                   T, D, DV, NT, scale, BH_BUCKET,
-                  CHUNK: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr,
+                  CHUNK: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
                   DELTA: tl.constexpr, GATED: tl.constexpr, USE_H0: tl.constexpr,
                   STORE_H: tl.constexpr, STORE_HT: tl.constexpr, IO: tl.constexpr, WIDE: tl.constexpr):
+    chunk_invariants(CHUNK, BLOCK_D, BLOCK_DV)
     bh = tl.program_id(1).to(tl.int64)
-    offs_k, offs_v, hmask, s_offs = _state_tile(tl.program_id(0), bh, D, DV, BLOCK_K, BLOCK_V)
-    h = tl.zeros([BLOCK_K, BLOCK_V], dtype=tl.float32)
+    offs_k, offs_v, hmask, s_offs = _state_tile(tl.program_id(0), bh, D, DV, BLOCK_D, BLOCK_DV)
+    h = tl.zeros([BLOCK_D, BLOCK_DV], dtype=tl.float32)
     if USE_H0:
         h += tl.load(H0 + s_offs, mask=hmask, other=0.0).to(tl.float32)
     for c in range(0, NT):
         if STORE_H:
             _store_state(Hs, h, bh, NT, c, offs_k, offs_v, D, DV, hmask)
-        _, _, t, tmask, _ = chunk_rows(c, T, D, CHUNK, BLOCK_K)
+        _, _, t, tmask, _ = chunk_rows(c, T, D, CHUNK, BLOCK_D)
         kd = tmask[:, None] & (offs_k < D)[None, :]
         kv = tmask[:, None] & (offs_v < DV)[None, :]
         k = load_chunk(K, bh, T, t, offs_k, D, kd)
-        if DELTA:                                         # BLOCK_K covers D: v_new needs all of h
+        if DELTA:                                         # BLOCK_D covers D: v_new needs all of h
             w = load_chunk(W, bh, T, t, offs_k, D, kd)
             u = load_chunk(V, bh, T, t, offs_v, DV, kv).to(tl.float32)
             v = (u - dot(w, h, WIDE)).to(VNEW.dtype.element_ty)                  # v_new = U - W h
@@ -100,22 +101,23 @@ def _fwd_h_kernel(K, V, W, G, H0, Hs, VNEW, HT,
 @triton.jit
 def _bwd_dh_kernel(Q, K, W, G, DO, DVL, DHT, DHs, DVNEW, DH0,
                    T, D, DV, NT, scale, BH_BUCKET,
-                   CHUNK: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr,
+                   CHUNK: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
                    DELTA: tl.constexpr, GATED: tl.constexpr, USE_DHT: tl.constexpr,
                    STORE_DH0: tl.constexpr, IO: tl.constexpr, WIDE: tl.constexpr):
+    chunk_invariants(CHUNK, BLOCK_D, BLOCK_DV)
     bh = tl.program_id(1).to(tl.int64)
-    offs_k, offs_v, hmask, s_offs = _state_tile(tl.program_id(0), bh, D, DV, BLOCK_K, BLOCK_V)
-    dh = tl.zeros([BLOCK_K, BLOCK_V], dtype=tl.float32)
+    offs_k, offs_v, hmask, s_offs = _state_tile(tl.program_id(0), bh, D, DV, BLOCK_D, BLOCK_DV)
+    dh = tl.zeros([BLOCK_D, BLOCK_DV], dtype=tl.float32)
     if USE_DHT:
         dh += tl.load(DHT + s_offs, mask=hmask, other=0.0).to(tl.float32)
     for i in range(0, NT):
         c = NT - 1 - i
         _store_state(DHs, dh, bh, NT, c, offs_k, offs_v, D, DV, hmask)
-        _, _, t, tmask, _ = chunk_rows(c, T, D, CHUNK, BLOCK_K)
+        _, _, t, tmask, _ = chunk_rows(c, T, D, CHUNK, BLOCK_D)
         kd = tmask[:, None] & (offs_k < D)[None, :]
         kv = tmask[:, None] & (offs_v < DV)[None, :]
-        # Each [CHUNK, BLOCK_K] input is loaded where it is used, and the gates scale the narrower
-        # [CHUNK, BLOCK_V] side: fewer tiles live at once.
+        # Each [CHUNK, BLOCK_D] input is loaded where it is used, and the gates scale the narrower
+        # [CHUNK, BLOCK_DV] side: fewer tiles live at once.
         kdh = dot(load_chunk(K, bh, T, t, offs_k, D, kd), dh, WIDE)                   # K dh
         do = load_chunk(DO, bh, T, t, offs_v, DV, kv).to(tl.float32) * scale
         if GATED:
@@ -133,18 +135,18 @@ def _bwd_dh_kernel(Q, K, W, G, DO, DVL, DHT, DHs, DVNEW, DH0,
 
 
 # ----------------------------------------------------------------------------- tiles and autotuning
-# Candidates (BLOCK_K, BLOCK_V, warps, stages). The state tile is float32 in registers: [BLOCK_K, BLOCK_V]
-# over the program's threads; the streamed [CHUNK, BLOCK_K] and [CHUNK, BLOCK_V] tiles are pipelined
+# Candidates (BLOCK_D, BLOCK_DV, warps, stages). The state tile is float32 in registers: [BLOCK_D, BLOCK_DV]
+# over the program's threads; the streamed [CHUNK, BLOCK_D] and [CHUNK, BLOCK_DV] tiles are pipelined
 # through shared memory ``stages`` deep. The last candidate of each list is the small fallback.
 
 def _cfg(bk, bv, w, s):
-    return triton.Config({"BLOCK_K": bk, "BLOCK_V": bv} if bk else {"BLOCK_V": bv}, num_warps=w, num_stages=s)
+    return triton.Config({"BLOCK_D": bk, "BLOCK_DV": bv} if bk else {"BLOCK_DV": bv}, num_warps=w, num_stages=s)
 
 
 FWD_H_SPLIT_CONFIGS = [_cfg(bk, bv, w, s) for bk, bv, w, s in
                        [(64, 64, 4, 2), (64, 64, 8, 2), (128, 64, 8, 2), (64, 32, 4, 2), (32, 32, 4, 2),
                         (32, 32, 4, 1)]]
-# The delta rule's forward and every reverse pass: BLOCK_K is the whole head (the wrapper passes it).
+# The delta rule's forward and every reverse pass: BLOCK_D is the whole head (the wrapper passes it).
 FULL_K_CONFIGS = [_cfg(0, bv, w, s) for bv, w, s in
                   [(64, 8, 2), (64, 4, 2), (32, 4, 2), (32, 8, 2), (16, 4, 2), (16, 8, 1)]]
 # Measured spills, {target family: {launch.config_key: narrowest head block that spilled}}, one table per
@@ -164,10 +166,10 @@ BWD_DH_SPILLS = {
 
 def _smem(streamed_k: int, streamed_v: int):
     """A shared-memory estimate: ``stages`` buffers of the streamed tiles (``streamed_k`` of
-    ``[CHUNK, BLOCK_K]``, ``streamed_v`` of ``[CHUNK, BLOCK_V]``), plus the state tile staged for a product."""
+    ``[CHUNK, BLOCK_D]``, ``streamed_v`` of ``[CHUNK, BLOCK_DV]``), plus the state tile staged for a product."""
     def smem(cfg, args):
-        bk = cfg.kwargs.get("BLOCK_K", args.get("BLOCK_K"))
-        bv, c, es = cfg.kwargs["BLOCK_V"], args["CHUNK"], args["K"].element_size()
+        bk = cfg.kwargs.get("BLOCK_D", args.get("BLOCK_D"))
+        bv, c, es = cfg.kwargs["BLOCK_DV"], args["CHUNK"], args["K"].element_size()
         per_stage = c * (streamed_k * bk + streamed_v * bv) * es
         return max(cfg.num_stages, 1) * per_stage + bk * bv * 4 + c * max(bk, bv) * 4
     return smem
@@ -179,9 +181,11 @@ def _width(args):
 
 _KEY = ["D", "DV", "CHUNK", "DELTA", "GATED", "BH_BUCKET"]
 _fwd_h_split = autotuned(_fwd_h_kernel, FWD_H_SPLIT_CONFIGS, _KEY,
-                         pruner(_smem(1, 1), FWD_H_SPLIT_SPILLS, _width, "K"))
-_fwd_h_full = autotuned(_fwd_h_kernel, FULL_K_CONFIGS, _KEY, pruner(_smem(2, 2), FWD_H_FULL_SPILLS, _width, "K"))
-_bwd_dh = autotuned(_bwd_dh_kernel, FULL_K_CONFIGS, _KEY, pruner(_smem(3, 3), BWD_DH_SPILLS, _width, "Q"))
+                         pruner(_smem(1, 1), FWD_H_SPLIT_SPILLS, _width, "K"), name="chunk_state._fwd_h_split")
+_fwd_h_full = autotuned(_fwd_h_kernel, FULL_K_CONFIGS, _KEY, pruner(_smem(2, 2), FWD_H_FULL_SPILLS, _width, "K"),
+                        name="chunk_state._fwd_h_full")
+_bwd_dh = autotuned(_bwd_dh_kernel, FULL_K_CONFIGS, _KEY, pruner(_smem(3, 3), BWD_DH_SPILLS, _width, "Q"),
+                    name="chunk_state._bwd_dh")
 
 
 def _bh_bucket(n: int) -> int:
@@ -213,11 +217,11 @@ def chunk_fwd_h(k, v, *, w=None, G=None, initial_state=None, chunk_size: int, sc
     delta = w is not None
     launch = _fwd_h_full if delta else _fwd_h_split
     configs = FULL_K_CONFIGS if delta else FWD_H_SPLIT_CONFIGS
-    fixed = dict(BLOCK_K=head_block(D)) if delta else {}
-    tiles = interpret_config(configs, BLOCK_K=block_k or head_block(D), BLOCK_V=block_v or head_block(DV))
+    fixed = dict(BLOCK_D=head_block(D)) if delta else {}
+    tiles = interpret_config(configs, BLOCK_D=block_k or head_block(D), BLOCK_DV=block_v or head_block(DV))
     if delta:
-        tiles.pop("BLOCK_K", None)
-    grid = lambda meta: (triton.cdiv(D, meta["BLOCK_K"]) * triton.cdiv(DV, meta["BLOCK_V"]), B * H)  # noqa: E731
+        tiles.pop("BLOCK_D", None)
+    grid = lambda meta: (triton.cdiv(D, meta["BLOCK_D"]) * triton.cdiv(DV, meta["BLOCK_DV"]), B * H)  # noqa: E731
     launch[grid](k, v, w, G, initial_state, hs, vnew, S, T, D, DV, NT, float(scale), _bh_bucket(B * H),
                  CHUNK=chunk_size, DELTA=delta, GATED=G is not None, USE_H0=initial_state is not None,
                  STORE_H=store_h, STORE_HT=store_final, IO=io_dtype(k.dtype), WIDE=wide_dtype(k.dtype),
@@ -246,10 +250,10 @@ def chunk_bwd_dh(q, k, do, dv_local, *, w=None, G=None, dS=None, chunk_size: int
             dS0.copy_(dS) if dS is not None else dS0.zero_()
         return dhs.zero_(), dvnew.zero_(), dS0
     dS = dS.contiguous() if dS is not None else None          # autograd hands S.sum()'s gradient as a stride-0 view
-    tiles = interpret_config(FULL_K_CONFIGS, BLOCK_V=block_v or head_block(DV))
-    grid = lambda meta: (triton.cdiv(DV, meta["BLOCK_V"]), B * H)  # noqa: E731
+    tiles = interpret_config(FULL_K_CONFIGS, BLOCK_DV=block_v or head_block(DV))
+    grid = lambda meta: (triton.cdiv(DV, meta["BLOCK_DV"]), B * H)  # noqa: E731
     _bwd_dh[grid](q, k, w, G, do, dv_local, dS, dhs, dvnew, dS0, T, D, DV, NT, float(scale), _bh_bucket(B * H),
-                  CHUNK=chunk_size, BLOCK_K=head_block(D), DELTA=w is not None, GATED=G is not None,
+                  CHUNK=chunk_size, BLOCK_D=head_block(D), DELTA=w is not None, GATED=G is not None,
                   USE_DHT=dS is not None, STORE_DH0=need_dh0, IO=io_dtype(q.dtype), WIDE=wide_dtype(q.dtype),
                   **tiles)
     return dhs, dvnew, dS0

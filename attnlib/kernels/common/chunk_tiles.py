@@ -1,5 +1,5 @@
 """Addressing and gate helpers shared by the chunked kernels (``chunk_state.py``, ``chunk_o.py``,
-``../delta/wy.py``).
+``../delta/wy.py``, ``../linear/segments.py``).
 
 Not a kernel: ``@triton.jit`` helpers, inlined into their callers by Triton. Every chunked kernel reads
 contiguous ``[B, H, T, X]`` tensors with ``(B, H)`` flattened into ``bh`` (``launch.py``), so row ``t`` of
@@ -8,8 +8,7 @@ head ``bh`` starts at ``(bh * T + t) * X``; :func:`load_chunk` / :func:`store_ch
 :func:`chunk_gates` loads the chunk-local log-gate cumsum ``G`` of the rows and of the chunk's last valid
 row; :func:`decay_to_end` is ``e_t = exp(g_last - G_t)`` (0 past ``T``) and :func:`gate_ratio` is
 ``Gamma_ij = exp(G_i - G_j)`` on a mask (0 off it, as ``exp(-inf)``: never ``exp`` of a large positive
-difference). The per-(batch, head) states ``[B, H, Dv, D]`` (stored as ``S = h^T``) are addressed by
-:func:`state_offsets`.
+difference).
 """
 
 from __future__ import annotations
@@ -61,31 +60,4 @@ def gate_ratio(gi, gj, mask):
     return tl.exp(tl.where(mask, gi - gj, float("-inf")))
 
 
-@triton.jit
-def state_offsets(pid_v, bh, D, DV, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr):
-    """``(offs_d, offs_v, hmask, s_offs)`` of the ``[BLOCK_D, BLOCK_V]`` tile of ``h = S^T`` that program
-    ``pid_v`` owns: ``s_offs`` addresses it in a ``[B, H, Dv, D]`` state, ``hmask`` bounds it."""
-    offs_d = tl.arange(0, BLOCK_D)
-    offs_v = pid_v * BLOCK_V + tl.arange(0, BLOCK_V)
-    hmask = (offs_d < D)[:, None] & (offs_v < DV)[None, :]
-    return offs_d, offs_v, hmask, bh * DV * D + offs_v[None, :] * D + offs_d[:, None]
-
-
-
-@triton.jit
-def initial_state(S0, s_offs, hmask, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr, USE: tl.constexpr):
-    """The float32 ``[BLOCK_D, BLOCK_V]`` tile of a starting state read from ``S0`` (``USE``), else zeros."""
-    h = tl.zeros([BLOCK_D, BLOCK_V], dtype=tl.float32)
-    if USE:
-        h += tl.load(S0 + s_offs, mask=hmask, other=0.0)
-    return h
-
-
-@triton.jit
-def store_chunk_state(Hs, h, bh, NT, c, offs_d, offs_v, D, DV, hmask):
-    """Store the tile ``h`` of chunk ``c``'s state in the per-chunk states ``[B, H, NT, D, Dv]``."""
-    tl.store(Hs + ((bh * NT + c) * D + offs_d[:, None]) * DV + offs_v[None, :], h, mask=hmask)
-
-
-__all__ = ["chunk_gates", "chunk_rows", "decay_to_end", "gate_ratio", "initial_state", "load_chunk", "state_offsets",
-           "store_chunk", "store_chunk_state"]
+__all__ = ["chunk_gates", "chunk_rows", "decay_to_end", "gate_ratio", "load_chunk", "store_chunk"]

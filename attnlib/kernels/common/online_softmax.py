@@ -32,9 +32,14 @@ Backward (FlashAttention-2): with ``P`` recomputed from the LSE, ``dP = dO V^T``
 :func:`dq_over_keys` loop them over a range of tiles (the dense and the block-sparse kernels differ only
 in which ranges they walk); :func:`dkdv_program_init` and :func:`dq_program_init` load what each program
 keeps. The flash backward's fused form runs the dK/dV loop with ``ATOMIC_DQ``: each step also adds
-``scale * dS K`` to a float32 dQ buffer (:func:`add_dq`, ``tl.atomic_add``). Masked-out pairs get the
-score ``-inf`` before the ``exp2``, hence ``P = 0``; rows outside the sequence or with an empty visited
-set -- for which the wrappers pass ``lse = +inf`` -- get ``exp2(s - inf) = 0`` and contribute nothing.
+``scale * dS K`` to a float32 dQ buffer (:func:`add_dq`, ``tl.atomic_add``).
+
+Masked and padded elements contribute exactly 0, whatever q, k, v hold there: a masked pair's ``P``
+and ``dS`` are set to 0 with ``tl.where`` (not computed as ``exp2(-inf)``, which a ``-inf`` or NaN lse
+would turn into NaN), and in a tile that masks some pairs but not others (the causal diagonal) the
+product with the other operand -- ``P V``, ``dS K``, ``dS^T Q`` -- takes that operand's finite part,
+the rows that do see a non-finite entry being made NaN there (:func:`finite_part`). Rows past ``Tq``
+and rows with an empty visited set -- for which the wrappers pass ``lse = +inf`` -- contribute nothing.
 """
 
 from __future__ import annotations
@@ -136,19 +141,41 @@ def softmax_init(BLOCK_M: tl.constexpr, BLOCK_DV: tl.constexpr):
 
 
 @triton.jit
-def online_softmax_update(acc, l_i, m_i, s, v, MAY_BE_EMPTY: tl.constexpr, PRECISION: tl.constexpr):
+def finite_part(x, offs_rows):
+    """``(x with its non-finite entries set to 0, first)`` for a tile ``x [BLOCK, BLOCK_C]`` whose rows are
+    ``offs_rows``: ``first [BLOCK_C]`` is the least row holding a non-finite entry in each column (2^31 - 1
+    where none). A masked pair multiplies its operand by a 0 weight, and ``0 * NaN`` is NaN: products over
+    pair-masked tiles take the finite part, and the rows that do see ``first`` are made NaN."""
+    ok = tl.abs(x) < float("inf")                       # False for NaN too
+    first = tl.min(tl.where(ok, 2147483647, offs_rows[:, None]), 0)
+    return tl.where(ok, x, tl.zeros_like(x)), first
+
+
+@triton.jit
+def no_bad(BLOCK_C: tl.constexpr):
+    """The running ``first`` of :func:`finite_part` before any tile: no non-finite entry in any column."""
+    return tl.full([BLOCK_C], 2147483647, dtype=tl.int32)
+
+
+@triton.jit
+def poison_rows(x, bad, offs_m):
+    """``x [BLOCK_M, BLOCK_C]`` with NaN where row ``offs_m`` is at or after ``bad [BLOCK_C]``, the first
+    non-finite entry of its column that the masked tiles set aside. Applied once, after the loop: inside
+    it the extra tile of the select made the compiled kernels spill registers."""
+    return tl.where(bad[None, :] <= offs_m[:, None], float("nan"), x)
+
+
+@triton.jit
+def online_softmax_update(acc, l_i, m_i, s, v, PRECISION: tl.constexpr):
     """Fold base-2 scores ``s [BLOCK_M, BLOCK_N]`` (masked entries already ``-inf``) and values
     ``v [BLOCK_N, BLOCK_DV]`` into the running ``acc [BLOCK_M, BLOCK_DV]``, ``l_i``, ``m_i [BLOCK_M]``.
 
-    ``MAY_BE_EMPTY``: some row may have seen no valid key yet (m = -inf); its reference max is then
-    taken as 0 so that ``exp2(-inf - 0) = 0`` instead of ``exp2(-inf + inf) = NaN``. Tiles where every
-    row has a valid key (the unmasked stage of the dense kernel) skip that select.
+    A row whose scores so far are all ``-inf`` (masked keys, or real ``-inf`` logits from a non-finite
+    input, in any tile) keeps ``m = -inf``; its reference max is then taken as 0 so that
+    ``exp2(-inf - 0) = 0`` instead of ``exp2(-inf + inf) = NaN``, and a later finite logit still counts.
     """
     m_new = tl.maximum(m_i, tl.max(s, 1))
-    if MAY_BE_EMPTY:
-        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
-    else:
-        m_ref = m_new
+    m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
     alpha = tl.exp2(m_i - m_ref)
     p = tl.exp2(s - m_ref[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
@@ -157,7 +184,7 @@ def online_softmax_update(acc, l_i, m_i, s, v, MAY_BE_EMPTY: tl.constexpr, PRECI
 
 
 @triton.jit
-def attend_keys(acc, l_i, m_i, q, K_base, V_base, b, h, lo, hi, offs_m, offs_n, offs_d, offs_dv,
+def attend_keys(acc, l_i, m_i, bad, q, K_base, V_base, b, h, lo, hi, offs_m, offs_n, offs_d, offs_dv,
                 stride_kt, stride_kd, stride_vt, stride_vd, T_K, D, DV, qk_scale,
                 BLOCK_N: tl.constexpr, MASK_T: tl.constexpr, CAUSAL: tl.constexpr, EVEN_D: tl.constexpr,
                 PRECISION: tl.constexpr, TMA: tl.constexpr,
@@ -165,8 +192,11 @@ def attend_keys(acc, l_i, m_i, q, K_base, V_base, b, h, lo, hi, offs_m, offs_n, 
     """Fold the keys ``[lo, hi)``, in ``BLOCK_N`` tiles, into the running ``(acc, l_i, m_i)`` of the query
     tile ``q [BLOCK_M, BLOCK_D]`` (rows ``offs_m``). ``MASK_T``: bounds-check the keys against ``T_K``
     and, with ``CAUSAL``, mask the keys after each row (scores ``-inf``); without it the loop has no
-    ``where`` and no empty-row guard (every row sees every key of these tiles). ``K_base``, ``V_base``:
-    from :func:`head_base` (``TMA``: descriptors).
+    ``where`` (every row sees every key of these tiles). ``K_base``, ``V_base``: from :func:`head_base`
+    (``TMA``: descriptors). With ``CAUSAL`` the keys masked for some rows of a tile may hold non-finite
+    values: ``p @ v`` takes v's finite part, and ``bad [BLOCK_DV]`` keeps the first key of each column
+    whose value was set aside (:func:`finite_part`), for :func:`store_o_lse` to make the rows at or after
+    it NaN there -- so a value reaches exactly the rows that see it.
 
     ``TRACE`` (off unless given): after each key tile, store the running state of the rows into the
     trace buffers (:func:`trace_state`) -- for reading the kernel, not for speed. Off, the branch is not
@@ -180,11 +210,21 @@ def attend_keys(acc, l_i, m_i, q, K_base, V_base, b, h, lo, hi, offs_m, offs_n, 
             valid = offs_kn[None, :] < T_K
             if CAUSAL:
                 valid = valid & (offs_kn[None, :] <= offs_m[:, None])
+                v, _ = finite_part(v, offs_kn)
             s = tl.where(valid, s, float("-inf"))
-        acc, l_i, m_i = online_softmax_update(acc, l_i, m_i, s, v, MAY_BE_EMPTY=MASK_T, PRECISION=PRECISION)
+        acc, l_i, m_i = online_softmax_update(acc, l_i, m_i, s, v, PRECISION=PRECISION)
         if TRACE:
             trace_state(TRACE_M, TRACE_L, TRACE_ACC, start_n // BLOCK_N, acc, l_i, m_i, offs_m, offs_dv, T_Q, DV)
-    return acc, l_i, m_i
+    if MASK_T:
+        if CAUSAL:
+            # The values set aside, found in a second pass over the same (diagonal) tiles: inside the loop
+            # above, with p and the scores live, the extra tiles made the compiled kernel spill registers.
+            for start_n in range(lo, hi, BLOCK_N):
+                _, v = load_key_tile(K_base, V_base, b, h, start_n, offs_n, offs_d, offs_dv, stride_kt, stride_kd,
+                                     stride_vt, stride_vd, T_K, D, DV, MASK_T=MASK_T, EVEN_D=EVEN_D, TMA=TMA)
+                _, first_bad = finite_part(v, start_n + offs_n)
+                bad = tl.minimum(bad, first_bad)
+    return acc, l_i, m_i, bad
 
 
 @triton.jit
@@ -202,47 +242,97 @@ def trace_state(TRACE_M, TRACE_L, TRACE_ACC, tile, acc, l_i, m_i, offs_m, offs_d
 
 
 @triton.jit
-def store_o_lse(O_base, lse_ptr, acc, l_i, m_i, offs_m, offs_dv, stride_ot, stride_od, T_Q, DV):
-    """Write ``o = acc / l`` and the natural-log ``lse = (m + log2 l) ln 2`` of rows ``offs_m``. A row that
-    saw no key (``l = 0``, ``m = -inf``) gets ``o = 0`` (its ``acc`` is 0) and ``lse = -inf``, never NaN."""
+def store_o_lse(O_base, lse_ptr, acc, l_i, m_i, has_keys, bad, offs_m, offs_dv, stride_ot, stride_od, T_Q, DV):
+    """Write ``o = acc / l`` and the natural-log ``lse = (m + log2 l) ln 2`` of rows ``offs_m``.
+
+    ``l = 0`` means ``m = -inf``: every score of the row was ``-inf``. A row with no key at all
+    (``has_keys [BLOCK_M]`` False: nothing visited, or nothing left of the causal diagonal) is empty:
+    ``o = 0`` (its ``acc`` is 0) and ``lse = -inf``, the log of an empty sum. A row that has keys whose
+    logits are all ``-inf`` got them from a non-finite input: ``o`` is NaN (``exp(-inf - (-inf))``, as in
+    the definition) and ``lse = -inf``. A ``+inf`` logit gives ``lse = +inf`` (and ``o`` NaN), so that the
+    backward's ``P = exp(s - lse)`` is 0 on the row's finite logits, as in the definition. ``bad``: from
+    :func:`attend_keys`, the values the masked tiles set aside (:func:`poison_rows`)."""
     empty = l_i == 0.0
     l_safe = tl.where(empty, 1.0, l_i)
     lse = tl.where(empty, float("-inf"), (m_i + tl.log2(l_safe)) * LN2)
-    store_tile(O_base, acc / l_safe[:, None], offs_m, offs_dv, stride_ot, stride_od, T_Q, DV)
+    lse = tl.where(m_i == float("inf"), float("inf"), lse)
+    o = poison_rows(tl.where((empty & has_keys)[:, None], float("nan"), acc / l_safe[:, None]), bad, offs_m)
+    store_tile(O_base, o, offs_m, offs_dv, stride_ot, stride_od, T_Q, DV)
     tl.store(lse_ptr + offs_m, lse, mask=offs_m < T_Q)
 
 
 @triton.jit
-def dkdv_tile(dk, dv, k, v, q, do, lse2, delta, offs_m, offs_n, qk_scale,
-              MASK_CAUSAL: tl.constexpr, PRECISION: tl.constexpr):
+def dkdv_tile(dk, dv, k, v, q, do, lse2, delta, offs_m, offs_n, qk_scale, T_Q, T_K,
+              MASK_T: tl.constexpr, MASK_CAUSAL: tl.constexpr, MASK_KEYS: tl.constexpr, PRECISION: tl.constexpr):
     """One step of the dK/dV program: key tile ``k [BLOCK_N, BLOCK_D]``, ``v [BLOCK_N, BLOCK_DV]``
     against query tile ``q [BLOCK_M, BLOCK_D]``, ``do [BLOCK_M, BLOCK_DV]`` with its base-2 LSE and delta
     ``[BLOCK_M]``. Accumulates into ``dk [BLOCK_N, BLOCK_D]``, ``dv [BLOCK_N, BLOCK_DV]`` (fp32; dk still
     lacks the final ``* scale``) and returns ``dS^T [BLOCK_N, BLOCK_M]`` too (the fused backward's dQ
-    term; the two-kernel form ignores it and the compiler drops it). ``MASK_CAUSAL`` zeroes the pairs
-    with key after query."""
+    term; the two-kernel form ignores it and the compiler drops it).
+
+    Masked pairs get ``P = dS = 0`` by selection, not by arithmetic (a padded row's ``0 * inf`` score, a
+    non-finite ``dP`` from a value the row does not see, would otherwise be NaN): ``MASK_T`` the rows past
+    ``T_Q``, ``MASK_KEYS`` the keys past ``T_K`` (only the fused dQ term reads their ``dS``),
+    ``MASK_CAUSAL`` the pairs with key after query -- and there ``dS q`` takes q's finite part, since a
+    query row that is not finite would reach, through a 0 weight, keys it does not see."""
     sT = tl.dot(k, tl.trans(q), input_precision=PRECISION) * qk_scale          # [BLOCK_N, BLOCK_M]
-    if MASK_CAUSAL:     # mask before the exp2: a masked score may exceed the row's lse (exp2 -> inf)
-        sT = tl.where(offs_n[:, None] <= offs_m[None, :], sT, float("-inf"))
-    pT = tl.exp2(sT - lse2[None, :])
+    MASKED: tl.constexpr = MASK_T or MASK_KEYS or MASK_CAUSAL
+    if MASKED:
+        valid = offs_n[:, None] >= 0
+        if MASK_T:
+            valid = valid & (offs_m[None, :] < T_Q)
+        if MASK_KEYS:
+            valid = valid & (offs_n[:, None] < T_K)
+        if MASK_CAUSAL:
+            valid = valid & (offs_n[:, None] <= offs_m[None, :])
+        # mask before the exp2 (a masked score may exceed the row's lse: exp2 -> inf) and after it (an
+        # lse of -inf or NaN makes exp2(-inf - lse) NaN)
+        sT = tl.where(valid, sT, float("-inf"))
+        pT = tl.where(valid, tl.exp2(sT - lse2[None, :]), 0.0)
+    else:
+        pT = tl.exp2(sT - lse2[None, :])
     dv += tl.dot(pT.to(do.dtype), do, input_precision=PRECISION)
     dpT = tl.dot(v, tl.trans(do), input_precision=PRECISION)                   # [BLOCK_N, BLOCK_M]
     dsT = pT * (dpT - delta[None, :])
+    if MASKED:
+        dsT = tl.where(valid, dsT, 0.0)
+    if MASK_CAUSAL:
+        # A row whose q is not finite has a NaN o, hence a NaN delta and dS on every pair it sees: q's
+        # finite part loses nothing there.
+        q, _ = finite_part(q, offs_m)
     dk += tl.dot(dsT.to(q.dtype), q, input_precision=PRECISION)
     return dk, dv, dsT
 
 
 @triton.jit
-def dq_tile(dq, q, do, lse2, delta, k, v, offs_m, offs_n, qk_scale,
-            MASK_CAUSAL: tl.constexpr, PRECISION: tl.constexpr):
+def dq_tile(dq, q, do, lse2, delta, k, v, offs_m, offs_n, qk_scale, T_K,
+            MASK_T: tl.constexpr, MASK_CAUSAL: tl.constexpr, PRECISION: tl.constexpr):
     """One step of the dQ program: query tile against key tile ``k [BLOCK_N, BLOCK_D]``,
-    ``v [BLOCK_N, BLOCK_DV]``; accumulates ``dq [BLOCK_M, BLOCK_D]`` (fp32, still lacking ``* scale``)."""
+    ``v [BLOCK_N, BLOCK_DV]``; accumulates ``dq [BLOCK_M, BLOCK_D]`` (fp32, still lacking ``* scale``).
+
+    Masked pairs (``MASK_T``: keys past ``T_K``; ``MASK_CAUSAL``: key after query) get ``dS = 0`` by
+    selection. With ``MASK_CAUSAL`` a key that is not finite would reach, through a 0 weight, the rows
+    before it: ``dS K`` takes k's finite part (:func:`dq_over_keys` finds what was set aside, for the
+    kernel to make the rows at or after it NaN: :func:`poison_rows`) -- as in the definition, where
+    ``dS * inf`` is not finite even when ``dS`` is 0."""
     s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale           # [BLOCK_M, BLOCK_N]
-    if MASK_CAUSAL:
-        s = tl.where(offs_n[None, :] <= offs_m[:, None], s, float("-inf"))
-    p = tl.exp2(s - lse2[:, None])
+    MASKED: tl.constexpr = MASK_T or MASK_CAUSAL
+    if MASKED:
+        valid = offs_n[None, :] >= 0
+        if MASK_T:
+            valid = valid & (offs_n[None, :] < T_K)
+        if MASK_CAUSAL:
+            valid = valid & (offs_n[None, :] <= offs_m[:, None])
+        s = tl.where(valid, s, float("-inf"))
+        p = tl.where(valid, tl.exp2(s - lse2[:, None]), 0.0)
+    else:
+        p = tl.exp2(s - lse2[:, None])
     dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
     ds = p * (dp - delta[:, None])
+    if MASKED:
+        ds = tl.where(valid, ds, 0.0)
+    if MASK_CAUSAL:
+        k, _ = finite_part(k, offs_n)
     dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION)
     return dq
 
@@ -288,7 +378,7 @@ def add_dq(DQ_base, dq, offs_m, offs_d, stride_dqt, stride_dqd, T_Q, D, MASK_T: 
 @triton.jit
 def dkdv_over_queries(dk, dv, k, v, Q_base, DO_base, b, h, lse_ptr, delta_ptr, DQ_base, lo, hi, offs_n, offs_mb,
                       offs_d, offs_dv, stride_qt, stride_qd, stride_dot, stride_dod, stride_dqt, stride_dqd,
-                      T_Q, D, DV, qk_scale, sm_scale,
+                      T_Q, T_K, D, DV, qk_scale, sm_scale,
                       BLOCK_M: tl.constexpr, MASK_T: tl.constexpr, MASK_CAUSAL: tl.constexpr,
                       EVEN_D: tl.constexpr, PRECISION: tl.constexpr, TMA: tl.constexpr, ATOMIC_DQ: tl.constexpr):
     """:func:`dkdv_tile` over the query tiles ``[lo, hi)`` (``BLOCK_M`` rows each), loading ``q``, ``dO``
@@ -302,29 +392,49 @@ def dkdv_over_queries(dk, dv, k, v, Q_base, DO_base, b, h, lse_ptr, delta_ptr, D
         do = load_rows(DO_base, b, h, start_m, offs_mb, offs_dv, stride_dot, stride_dod, T_Q, DV, MASK_T=MASK_T,
                        EVEN_C=EVEN_D, TMA=TMA)
         lse2, delta = load_row_stats(lse_ptr, delta_ptr, offs_m, T_Q, MASK_T=MASK_T)
-        dk, dv, dsT = dkdv_tile(dk, dv, k, v, q, do, lse2, delta, offs_m, offs_n, qk_scale,
-                                MASK_CAUSAL=MASK_CAUSAL, PRECISION=PRECISION)
+        dk, dv, dsT = dkdv_tile(dk, dv, k, v, q, do, lse2, delta, offs_m, offs_n, qk_scale, T_Q, T_K,
+                                MASK_T=MASK_T, MASK_CAUSAL=MASK_CAUSAL, MASK_KEYS=ATOMIC_DQ, PRECISION=PRECISION)
         if ATOMIC_DQ:
-            dq = tl.dot(tl.trans(dsT.to(k.dtype)), k, input_precision=PRECISION) * sm_scale   # [BLOCK_M, BLOCK_D]
+            k_dq = k
+            if MASK_CAUSAL:         # k's finite part, as in dq_tile
+                k_dq, _ = finite_part(k, offs_n)
+            dq = tl.dot(tl.trans(dsT.to(k.dtype)), k_dq, input_precision=PRECISION) * sm_scale   # [BLOCK_M, BLOCK_D]
             add_dq(DQ_base, dq, offs_m, offs_d, stride_dqt, stride_dqd, T_Q, D, MASK_T=MASK_T, EVEN_D=EVEN_D)
+    if ATOMIC_DQ:
+        if MASK_CAUSAL:
+            # What k's finite part set aside: NaN into the dQ rows at or after it, after the loop (a select
+            # per step made the compiled kernel spill registers).
+            _, bad = finite_part(k, offs_n)
+            for start_m in range(lo, hi, BLOCK_M):
+                offs_m = start_m + offs_mb
+                hit = (bad[None, :] <= offs_m[:, None]) & (offs_m[:, None] < T_Q) & (offs_d[None, :] < D)
+                tl.atomic_add(DQ_base + offs_m[:, None] * stride_dqt + offs_d[None, :] * stride_dqd,
+                              tl.full([BLOCK_M, k.shape[1]], float("nan"), dtype=tl.float32), mask=hit, sem="relaxed")
     return dk, dv
 
 
 @triton.jit
-def dq_over_keys(dq, q, do, lse2, delta, K_base, V_base, b, h, lo, hi, offs_m, offs_nb, offs_d, offs_dv,
+def dq_over_keys(dq, bad, q, do, lse2, delta, K_base, V_base, b, h, lo, hi, offs_m, offs_nb, offs_d, offs_dv,
                  stride_kt, stride_kd, stride_vt, stride_vd, T_K, D, DV, qk_scale,
                  BLOCK_N: tl.constexpr, MASK_T: tl.constexpr, MASK_CAUSAL: tl.constexpr,
                  EVEN_D: tl.constexpr, PRECISION: tl.constexpr, TMA: tl.constexpr):
-    """:func:`dq_tile` over the key tiles ``[lo, hi)`` (``BLOCK_N`` keys each)."""
+    """:func:`dq_tile` over the key tiles ``[lo, hi)`` (``BLOCK_N`` keys each); returns ``(dq, bad)``, with
+    ``MASK_CAUSAL`` ``bad`` updated with the first non-finite key of each column in these tiles (found in a
+    second pass, as in :func:`attend_keys`)."""
     for start_n in range(lo, hi, BLOCK_N):
         k = load_rows(K_base, b, h, start_n, offs_nb, offs_d, stride_kt, stride_kd, T_K, D, MASK_T=MASK_T,
                       EVEN_C=EVEN_D, TMA=TMA)
         v = load_rows(V_base, b, h, start_n, offs_nb, offs_dv, stride_vt, stride_vd, T_K, DV, MASK_T=MASK_T,
                       EVEN_C=EVEN_D, TMA=TMA)
-        # Keys past T_K load as zero rows of k: whatever their P, they add dS * 0 to dq.
-        dq = dq_tile(dq, q, do, lse2, delta, k, v, offs_m, start_n + offs_nb, qk_scale,
-                     MASK_CAUSAL=MASK_CAUSAL, PRECISION=PRECISION)
-    return dq
+        dq = dq_tile(dq, q, do, lse2, delta, k, v, offs_m, start_n + offs_nb, qk_scale, T_K,
+                     MASK_T=MASK_T, MASK_CAUSAL=MASK_CAUSAL, PRECISION=PRECISION)
+    if MASK_CAUSAL:
+        for start_n in range(lo, hi, BLOCK_N):
+            k = load_rows(K_base, b, h, start_n, offs_nb, offs_d, stride_kt, stride_kd, T_K, D, MASK_T=MASK_T,
+                          EVEN_C=EVEN_D, TMA=TMA)
+            _, first_bad = finite_part(k, start_n + offs_nb)
+            bad = tl.minimum(bad, first_bad)
+    return dq, bad
 
 
 @triton.jit
@@ -370,7 +480,7 @@ def backward_delta(o, do, dlse):
     return delta
 
 
-__all__ = ["LN2", "LOG2E", "add_dq", "attend_keys", "backward_delta", "dkdv_over_queries", "dkdv_program_init",
-           "dkdv_tile", "dq_over_keys", "dq_program_init", "dq_tile", "head_base", "load_key_tile", "load_row_stats",
-           "load_rows", "online_softmax_update", "softmax_bwd_preprocess_kernel", "softmax_init", "store_o_lse",
-           "trace_state"]
+__all__ = ["LN2", "LOG2E", "add_dq", "attend_keys", "backward_delta", "dkdv_over_queries",
+           "dkdv_program_init", "dkdv_tile", "dq_over_keys", "dq_program_init", "dq_tile", "finite_part", "head_base",
+           "load_key_tile", "load_row_stats", "load_rows", "no_bad", "online_softmax_update", "poison_rows",
+           "softmax_bwd_preprocess_kernel", "softmax_init", "store_o_lse", "trace_state"]

@@ -34,7 +34,9 @@ from .precision import dot
 
 @triton.jit
 def tril_inverse(a, C: tl.constexpr, DT: tl.constexpr):
-    """``(I + a)^{-1}`` for a strictly lower-triangular float32 ``[C, C]`` tile ``a``; float32 result."""
+    """``(I + a)^{-1}`` for a strictly lower-triangular float32 ``[C, C]`` tile ``a``; float32 result.
+    ``a`` must be finite: the merging products multiply it by the zeros of ``x``, and a NaN in row ``j``
+    would reach the rows before ``j`` (the WY kernels pass the inputs' finite part: ``../delta/wy.py``)."""
     DIAG: tl.constexpr = 16             # the forward-substituted block: tl.dot's smallest tile side
     tl.static_assert(C % 16 == 0, "the chunk must be a multiple of 16")
     NB: tl.constexpr = C // DIAG

@@ -9,9 +9,9 @@ Per chunk (rows ``K [C, D]``, ``V [C, Dv]``, ``beta [C]``, log-gates ``g [C]``, 
     W  = Ai (beta gamma . K),   U = Ai (beta . V)
 
 ``_wy_fwd_kernel`` does all of it in one program per chunk: it scans the gates into ``G`` (stored: the
-later kernels read it), accumulates ``K K^T`` over key tiles of ``BLOCK_K`` columns, inverts ``I + A`` in
+later kernels read it), accumulates ``K K^T`` over key tiles of ``BLOCK_D`` columns, inverts ``I + A`` in
 registers (``../common/solve_tril.py``), and writes ``W`` (key tiles) and ``U`` (value tiles of
-``BLOCK_V``). ``A`` and ``Ai`` never reach memory, and nothing is saved for the backward but the
+``BLOCK_DV``). ``A`` and ``Ai`` never reach memory, and nothing is saved for the backward but the
 inputs: the backward runs this kernel again (it needs ``W, U`` and ``G``), which costs one ``K K^T`` and a
 solve per chunk and saves writing, and twice reading, a ``[T, C]`` matrix.
 
@@ -43,74 +43,109 @@ import torch
 import triton
 import triton.language as tl
 
+from ..common.chunk_o import finite_part, first_nonfinite, last_nonfinite, nonfinite_seen
 from ..common.chunk_tiles import chunk_rows, gate_ratio, load_chunk, store_chunk
-from ..common.launch import autotuned, head_block, interpret_config, num_chunks, pruner
+from ..common.launch import autotuned, chunk_invariants, head_block, interpret_config, num_chunks, pruner
 from ..common.precision import dot, io_dtype
 from ..common.solve_tril import tril_inverse
 
 
 @triton.jit
-def _chunk_kkt(K, bh, T, D, t, tmask, CHUNK: tl.constexpr, BLOCK_K: tl.constexpr, IO: tl.constexpr):
-    """``K K^T`` of one chunk, float32 ``[CHUNK, CHUNK]`` (0 past ``T``), over key tiles of ``BLOCK_K``."""
+def _chunk_kkt(K, bh, T, D, t, tmask, CHUNK: tl.constexpr, BLOCK_D: tl.constexpr, IO: tl.constexpr):
+    """``(K K^T, bad)`` of one chunk over key tiles of ``BLOCK_D``: ``K K^T`` of the keys' finite part,
+    float32 ``[CHUNK, CHUNK]`` (0 past ``T``), and ``bad [CHUNK]``, NaN in the rows whose key is not finite."""
     kk = tl.zeros([CHUNK, CHUNK], dtype=tl.float32)
-    for k0 in range(0, D, BLOCK_K):
-        offs_k = k0 + tl.arange(0, BLOCK_K)
+    bad = tl.zeros([CHUNK], dtype=tl.float32)
+    for k0 in range(0, D, BLOCK_D):
+        offs_k = k0 + tl.arange(0, BLOCK_D)
         k = load_chunk(K, bh, T, t, offs_k, D, tmask[:, None] & (offs_k < D)[None, :])
+        bad += tl.sum((k * 0).to(tl.float32), axis=1)
+        k = finite_part(k)
         kk += dot(k, tl.trans(k), IO)
-    return kk
+    return kk, bad
 
 
 @triton.jit
 def _chunk_inverse(K, BETA, g, bh, T, D, t, tmask, offs_c,
-                   CHUNK: tl.constexpr, BLOCK_K: tl.constexpr, GATED: tl.constexpr, IO: tl.constexpr):
-    """``(Ai, beta, beta gamma)`` of one chunk whose gate cumsum is ``g [CHUNK]`` (``GATED``):
-    ``Ai = (I + A)^{-1}`` float32 ``[CHUNK, CHUNK]`` (identity rows past ``T``), ``beta`` and
-    ``beta gamma`` float32 ``[CHUNK]``."""
-    a = _chunk_kkt(K, bh, T, D, t, tmask, CHUNK, BLOCK_K, IO)
+                   CHUNK: tl.constexpr, BLOCK_D: tl.constexpr, GATED: tl.constexpr, IO: tl.constexpr):
+    """``(Ai, beta, beta gamma, bad)`` of one chunk whose gate cumsum is ``g [CHUNK]`` (``GATED``), all of
+    the inputs' finite part: ``Ai = (I + A)^{-1}`` float32 ``[CHUNK, CHUNK]`` (identity rows past ``T``),
+    ``beta`` and ``beta gamma`` float32 ``[CHUNK]``; ``bad [CHUNK]`` is NaN in the rows whose key or
+    ``beta`` is not finite, 0 elsewhere."""
+    a, bad = _chunk_kkt(K, bh, T, D, t, tmask, CHUNK, BLOCK_D, IO)
     beta = tl.load(BETA + bh * T + t, mask=tmask, other=0.0).to(tl.float32)
+    bad += beta * 0
+    beta = finite_part(beta)
     strict = (offs_c[:, None] > offs_c[None, :]) & tmask[:, None]
     bg = beta
     if GATED:
         a = a * gate_ratio(g[:, None], g[None, :], strict)
         bg = beta * tl.exp(g)
     a = tl.where(strict, a * beta[:, None], 0.0)
-    return tril_inverse(a, CHUNK, IO), beta, bg
+    return tril_inverse(a, CHUNK, IO), beta, bg, bad
+
+
+@triton.jit
+def _upper_product(ait, x, offs_c, IO: tl.constexpr):
+    """``Ai^T x`` for the upper-triangular ``Ai^T``: ``x``'s finite part in the product, and each row that
+    reads a bad entry of ``x`` (rows at or before it) set NaN, on the rare branch (``../common/chunk_o.py``)."""
+    last = last_nonfinite(x)
+    y = dot(ait, finite_part(x), IO)
+    if tl.max(last, axis=0) >= 0:
+        y = tl.where(offs_c[:, None] <= last[None, :], float("nan"), y)
+    return y
 
 
 @triton.jit
 def _wy_fwd_kernel(K, V, BETA, GLOG, G, W, U, T, D, DV,
-                   CHUNK: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr,
+                   CHUNK: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
                    GATED: tl.constexpr, IO: tl.constexpr):
+    chunk_invariants(CHUNK, BLOCK_D, BLOCK_DV)
     bh = tl.program_id(1).to(tl.int64)
-    offs_c, _, t, tmask, _ = chunk_rows(tl.program_id(0), T, D, CHUNK, BLOCK_K)
+    offs_c, _, t, tmask, _ = chunk_rows(tl.program_id(0), T, D, CHUNK, BLOCK_D)
     g = tl.zeros([CHUNK], dtype=tl.float32)
+    bad_gate = tl.zeros([CHUNK], dtype=tl.float32)
     if GATED:                                  # the chunk-local scan of the log-gates, for every later kernel
-        g = tl.cumsum(tl.load(GLOG + bh * T + t, mask=tmask, other=0.0).to(tl.float32), axis=0)
+        glog = tl.load(GLOG + bh * T + t, mask=tmask, other=0.0).to(tl.float32)
+        bad_gate = glog * 0
+        g = tl.cumsum(finite_part(glog), axis=0)
         tl.store(G + bh * T + t, g, mask=tmask)
-    ai, beta, bg = _chunk_inverse(K, BETA, g, bh, T, D, t, tmask, offs_c, CHUNK, BLOCK_K, GATED, IO)
-    for k0 in range(0, D, BLOCK_K):
-        offs_k = k0 + tl.arange(0, BLOCK_K)
+    # Ai, W and U of the inputs' finite part (a bad row inside the triangular products would reach the
+    # rows before it), then the rows from the first bad key, beta or gate on made NaN -- in U also the
+    # columns from a bad value on -- as the recurrence makes the state: v_new = U - W h carries it on.
+    ai, beta, bg, bad = _chunk_inverse(K, BETA, g, bh, T, D, t, tmask, offs_c, CHUNK, BLOCK_D, GATED, IO)
+    first = tl.min(tl.where(bad + bad_gate == 0, CHUNK, offs_c), axis=0)          # the first bad row, or CHUNK
+    for k0 in range(0, D, BLOCK_D):
+        offs_k = k0 + tl.arange(0, BLOCK_D)
         kd = tmask[:, None] & (offs_k < D)[None, :]
-        k = load_chunk(K, bh, T, t, offs_k, D, kd)
-        store_chunk(W, dot(ai, k * bg[:, None], IO).to(W.dtype.element_ty), bh, T, t, offs_k, D, kd)
-    for v0 in range(0, DV, BLOCK_V):
-        offs_v = v0 + tl.arange(0, BLOCK_V)
+        k = finite_part(load_chunk(K, bh, T, t, offs_k, D, kd))
+        w = dot(ai, k * bg[:, None], IO)
+        if first < CHUNK:                      # the rare branch: fewer registers than an unconditional mark
+            w = tl.where(offs_c[:, None] >= first, float("nan"), w)
+        store_chunk(W, w.to(W.dtype.element_ty), bh, T, t, offs_k, D, kd)
+    for v0 in range(0, DV, BLOCK_DV):
+        offs_v = v0 + tl.arange(0, BLOCK_DV)
         kv = tmask[:, None] & (offs_v < DV)[None, :]
         v = load_chunk(V, bh, T, t, offs_v, DV, kv)
-        store_chunk(U, dot(ai, v * beta[:, None], IO).to(U.dtype.element_ty), bh, T, t, offs_v, DV, kv)
+        first_v = tl.minimum(first_nonfinite(v), first)
+        u = dot(ai, finite_part(v) * beta[:, None], IO)
+        if tl.min(first_v, axis=0) < CHUNK:
+            u = tl.where(offs_c[:, None] >= first_v[None, :], float("nan"), u)
+        store_chunk(U, u.to(U.dtype.element_ty), bh, T, t, offs_v, DV, kv)
 
 
 @triton.jit
 def _wy_bwd_kernel(K, V, BETA, G, DW, DU, DK, DV_OUT, DBETA, DG_PARTS, DG_OUT, T, D, DV, N_PARTS,
-                   CHUNK: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr,
+                   CHUNK: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
                    GATED: tl.constexpr, IO: tl.constexpr):
+    chunk_invariants(CHUNK, BLOCK_D, BLOCK_DV)
     bh = tl.program_id(1).to(tl.int64)
-    offs_c, _, t, tmask, _ = chunk_rows(tl.program_id(0), T, D, CHUNK, BLOCK_K)
+    offs_c, _, t, tmask, _ = chunk_rows(tl.program_id(0), T, D, CHUNK, BLOCK_D)
     strict = (offs_c[:, None] > offs_c[None, :]) & tmask[:, None]
     g = tl.zeros([CHUNK], dtype=tl.float32)
     if GATED:
         g = tl.load(G + bh * T + t, mask=tmask, other=0.0)
-    ait = tl.trans(_chunk_inverse(K, BETA, g, bh, T, D, t, tmask, offs_c, CHUNK, BLOCK_K, GATED, IO)[0])
+    ait = tl.trans(_chunk_inverse(K, BETA, g, bh, T, D, t, tmask, offs_c, CHUNK, BLOCK_D, GATED, IO)[0])
     beta = tl.load(BETA + bh * T + t, mask=tmask, other=0.0).to(tl.float32)
     bg = beta
     if GATED:
@@ -118,36 +153,42 @@ def _wy_bwd_kernel(K, V, BETA, G, DW, DU, DK, DV_OUT, DBETA, DG_PARTS, DG_OUT, T
     dai = tl.zeros([CHUNK, CHUNK], dtype=tl.float32)
     dbeta = tl.zeros([CHUNK], dtype=tl.float32)
     # 1. Key tiles: dAi = dW (beta gamma K)^T, and the Ai^T dW parts of dbeta and dG.
-    for k0 in range(0, D, BLOCK_K):
-        offs_k = k0 + tl.arange(0, BLOCK_K)
+    for k0 in range(0, D, BLOCK_D):
+        offs_k = k0 + tl.arange(0, BLOCK_D)
         kd = tmask[:, None] & (offs_k < D)[None, :]
         k = load_chunk(K, bh, T, t, offs_k, D, kd).to(tl.float32)
         dw = load_chunk(DW, bh, T, t, offs_k, D, kd)
         dai += dot(dw, tl.trans(k * bg[:, None]), IO)
-        dbeta += tl.sum(dot(ait, dw, IO) * k, axis=1)                               # rowsum((Ai^T dW) . K)
+        tw = _upper_product(ait, dw, offs_c, IO)                                   # Ai^T dW
+        dbeta += tl.sum(tw * k, axis=1)                                            # rowsum((Ai^T dW) . K)
     dg = dbeta * bg                                                               # rowsum((Ai^T dW) . beta gamma K)
     if GATED:
         dbeta = dbeta * tl.exp(g)                                                 # rowsum((Ai^T dW) . gamma K)
     # 2. Value tiles: dV = beta . (Ai^T dU), dAi += dU (beta V)^T.
-    for v0 in range(0, DV, BLOCK_V):
-        offs_v = v0 + tl.arange(0, BLOCK_V)
+    for v0 in range(0, DV, BLOCK_DV):
+        offs_v = v0 + tl.arange(0, BLOCK_DV)
         kv = tmask[:, None] & (offs_v < DV)[None, :]
         v = load_chunk(V, bh, T, t, offs_v, DV, kv).to(tl.float32)
         du = load_chunk(DU, bh, T, t, offs_v, DV, kv)
         dai += dot(du, tl.trans(v * beta[:, None]), IO)                             # + dU (beta V)^T
-        tu = dot(ait, du, IO)                                                      # Ai^T dU
+        tu = _upper_product(ait, du, offs_c, IO)                                   # Ai^T dU
         store_chunk(DV_OUT, (tu * beta[:, None]).to(DV_OUT.dtype.element_ty), bh, T, t, offs_v, DV, kv)
         dbeta += tl.sum(tu * v, axis=1)
-    da = -dot(ait, dot(dai, ait, IO), IO)
+    # dA = -(Ai^T dAi Ai^T) by two triangular products: entry (m, l) of dAi Ai^T reads dAi[m, n <= l], entry
+    # (i, l) of Ai^T X reads X[m >= i, l] -- the finite parts in the products, what each entry reads marked.
+    x = dot(finite_part(dai), ait, IO)
+    if tl.max(tl.max(tl.where(dai * 0 == 0, 0, 1), axis=1), axis=0) > 0:      # the rare branch: mark them
+        x += tl.trans(nonfinite_seen(tl.trans(dai), False))
+    da = -_upper_product(ait, x, offs_c, IO)
     da = tl.where(strict, da, 0.0)
     if GATED:
         da = da * gate_ratio(g[:, None], g[None, :], strict)                      # dA . Gamma
     # K K^T once more (from L2) rather than held through the loops: one [CHUNK, CHUNK] tile fewer
     # live, which is what keeps the sm_80 / sm_89 compilations (operands in registers) from spilling.
-    kk = _chunk_kkt(K, bh, T, D, t, tmask, CHUNK, BLOCK_K, IO)
+    kk = _chunk_kkt(K, bh, T, D, t, tmask, CHUNK, BLOCK_D, IO)[0]
     dbeta += tl.sum(da * kk, axis=1)
     tl.store(DBETA + bh * T + t, dbeta.to(DBETA.dtype.element_ty), mask=tmask)
-    m = da * beta[:, None]
+    m = tl.where(strict, da * beta[:, None], 0.0)                                 # a bad beta: its row only
     if GATED:
         r = m * kk                                                                # dA . A
         dg += tl.sum(r, axis=1) - tl.sum(r, axis=0)
@@ -156,20 +197,23 @@ def _wy_bwd_kernel(K, V, BETA, G, DW, DU, DK, DV_OUT, DBETA, DG_PARTS, DG_OUT, T
         tl.store(DG_OUT + bh * T + t, tl.cumsum(dg, axis=0, reverse=True).to(DG_OUT.dtype.element_ty),
                  mask=tmask)                                                      # dg: the scan's gradient
     # 3. Key tiles again: dK += beta gamma . (Ai^T dW) + M' K + M'^T K (Ai^T dW recomputed, not held).
-    for k0 in range(0, D, BLOCK_K):
-        offs_k = k0 + tl.arange(0, BLOCK_K)
+    for k0 in range(0, D, BLOCK_D):
+        offs_k = k0 + tl.arange(0, BLOCK_D)
         kd = tmask[:, None] & (offs_k < D)[None, :]
         k = load_chunk(K, bh, T, t, offs_k, D, kd)
         dk = load_chunk(DK, bh, T, t, offs_k, D, kd).to(tl.float32)
-        dk += dot(ait, load_chunk(DW, bh, T, t, offs_k, D, kd), IO) * bg[:, None]
-        dk += dot(m, k, IO) + dot(tl.trans(m), k, IO)
+        dw = load_chunk(DW, bh, T, t, offs_k, D, kd)
+        dk += _upper_product(ait, dw, offs_c, IO) * bg[:, None]
+        dk += dot(m, finite_part(k), IO) + dot(tl.trans(m), finite_part(k), IO)   # M' strictly lower, M'^T upper
+        if (tl.min(first_nonfinite(k), axis=0) < CHUNK):
+            dk += nonfinite_seen(k, False) + nonfinite_seen(k, True)
         store_chunk(DK, dk.to(DK.dtype.element_ty), bh, T, t, offs_k, D, kd)
 
 
 # ----------------------------------------------------------------------------- tiles and autotuning
-# Candidates (BLOCK_K, BLOCK_V, warps, stages); the last is the small fallback. A program holds a few
+# Candidates (BLOCK_D, BLOCK_DV, warps, stages); the last is the small fallback. A program holds a few
 # [CHUNK, CHUNK] float32 tiles (K K^T, Ai, dAi) for its whole life and streams [CHUNK, BLOCK_*] tiles.
-WY_CONFIGS = [triton.Config({"BLOCK_K": bk, "BLOCK_V": bv}, num_warps=w, num_stages=s) for bk, bv, w, s in
+WY_CONFIGS = [triton.Config({"BLOCK_D": bk, "BLOCK_DV": bv}, num_warps=w, num_stages=s) for bk, bv, w, s in
               [(64, 64, 4, 2), (64, 64, 8, 2), (128, 128, 8, 2), (32, 32, 4, 2), (32, 32, 4, 1)]]
 # Measured spills, {target family: {launch.config_key: narrowest head block that spilled}}, one table per
 # autotuned launch (scripts/kernel_report.py compiles every candidate for sm_80, sm_89 and sm_90).
@@ -182,7 +226,7 @@ WY_BWD_SPILLS = {
 
 
 def _smem(cfg, args):
-    bk, bv, c, es = cfg.kwargs["BLOCK_K"], cfg.kwargs["BLOCK_V"], args["CHUNK"], args["K"].element_size()
+    bk, bv, c, es = cfg.kwargs["BLOCK_D"], cfg.kwargs["BLOCK_DV"], args["CHUNK"], args["K"].element_size()
     return max(cfg.num_stages, 1) * c * 2 * max(bk, bv) * es + 3 * c * c * 4
 
 
@@ -191,12 +235,14 @@ def _width(args):
 
 
 _KEY = ["D", "DV", "CHUNK", "GATED"]
-_wy_fwd = autotuned(_wy_fwd_kernel, WY_CONFIGS, _KEY, pruner(_smem, WY_FWD_SPILLS, _width, "K"))
-_wy_bwd = autotuned(_wy_bwd_kernel, WY_CONFIGS, _KEY, pruner(_smem, WY_BWD_SPILLS, _width, "K"))
+_wy_fwd = autotuned(_wy_fwd_kernel, WY_CONFIGS, _KEY, pruner(_smem, WY_FWD_SPILLS, _width, "K"),
+                    name="wy._wy_fwd")
+_wy_bwd = autotuned(_wy_bwd_kernel, WY_CONFIGS, _KEY, pruner(_smem, WY_BWD_SPILLS, _width, "K"),
+                    name="wy._wy_bwd")
 
 
 def _tiles(D, DV, block_k, block_v):
-    return interpret_config(WY_CONFIGS, BLOCK_K=block_k or head_block(D), BLOCK_V=block_v or head_block(DV))
+    return interpret_config(WY_CONFIGS, BLOCK_D=block_k or head_block(D), BLOCK_DV=block_v or head_block(DV))
 
 
 def wy_forward(k, v, beta, g, chunk_size: int, block_k=None, block_v=None):

@@ -27,7 +27,8 @@ programs add to a dQ row varies, so dQ may differ in its last bits from run to r
 
 Both loops are staged like the forward's: for causal attention the blocks on the diagonal are a
 masked stage of their own and the others need no mask; for ragged lengths only the last block is
-masked (loads past the end read zeros, and rows past ``Tq`` get ``lse = +inf``, hence ``P = 0``).
+masked. A masked pair -- past either end, or key after query -- gets ``P = dS = 0`` by ``tl.where``,
+whatever q, k, v, the lse or delta hold there (``online_softmax.dkdv_tile``, ``dq_tile``).
 The diagonal stage starts on a tile boundary only if ``BLOCK_M`` divides ``BLOCK_N`` in the dK/dV
 kernel and ``BLOCK_N`` divides ``BLOCK_M`` in the dQ kernel: each asserts it at compile time.
 
@@ -46,7 +47,15 @@ import triton.language as tl
 
 from ..common import launch
 from ..common import online_softmax as softmax
-from ..common.online_softmax import dkdv_over_queries, dkdv_program_init, dq_over_keys, dq_program_init, head_base
+from ..common.online_softmax import (
+    dkdv_over_queries,
+    dkdv_program_init,
+    dq_over_keys,
+    dq_program_init,
+    head_base,
+    no_bad,
+    poison_rows,
+)
 from ..common.precision import softmax_precision
 from ..common.tiles import program_tile, store_tile
 from .forward import configs, launch_tiles, length_bucket, spill_width
@@ -89,19 +98,19 @@ def _flash_bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV_OUT, DQ,
         lo = tl.minimum(start_n + BLOCK_N, T_Q)
         dk, dv = dkdv_over_queries(dk, dv, k, v, Q_base, DO_base, b, h, lse_ptr, delta_ptr, DQ_base, start_n, lo,
                                    offs_n, offs_mb, offs_d, offs_dv, stride_qt, stride_qd, stride_dot, stride_dod,
-                                   stride_dqt, stride_dqd, T_Q, D, DV, qk_scale, sm_scale, BLOCK_M=BLOCK_M,
+                                   stride_dqt, stride_dqd, T_Q, T_K, D, DV, qk_scale, sm_scale, BLOCK_M=BLOCK_M,
                                    MASK_T=True, MASK_CAUSAL=True, EVEN_D=EVEN_D, PRECISION=PRECISION, TMA=TMA,
                                    ATOMIC_DQ=ATOMIC_DQ)
     # Full query blocks below the diagonal (or all of them): no masks.
     dk, dv = dkdv_over_queries(dk, dv, k, v, Q_base, DO_base, b, h, lse_ptr, delta_ptr, DQ_base, lo, full_end,
                                offs_n, offs_mb, offs_d, offs_dv, stride_qt, stride_qd, stride_dot, stride_dod,
-                               stride_dqt, stride_dqd, T_Q, D, DV, qk_scale, sm_scale, BLOCK_M=BLOCK_M,
+                               stride_dqt, stride_dqd, T_Q, T_K, D, DV, qk_scale, sm_scale, BLOCK_M=BLOCK_M,
                                MASK_T=False, MASK_CAUSAL=False, EVEN_D=EVEN_D, PRECISION=PRECISION, TMA=TMA,
                                ATOMIC_DQ=ATOMIC_DQ)
     # The ragged last query block.
     dk, dv = dkdv_over_queries(dk, dv, k, v, Q_base, DO_base, b, h, lse_ptr, delta_ptr, DQ_base,
                                tl.maximum(lo, full_end), T_Q, offs_n, offs_mb, offs_d, offs_dv, stride_qt, stride_qd,
-                               stride_dot, stride_dod, stride_dqt, stride_dqd, T_Q, D, DV, qk_scale, sm_scale,
+                               stride_dot, stride_dod, stride_dqt, stride_dqd, T_Q, T_K, D, DV, qk_scale, sm_scale,
                                BLOCK_M=BLOCK_M, MASK_T=True, MASK_CAUSAL=False, EVEN_D=EVEN_D, PRECISION=PRECISION,
                                TMA=TMA, ATOMIC_DQ=ATOMIC_DQ)
 
@@ -138,14 +147,17 @@ def _flash_bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ,
     else:
         full_end = (T_K // BLOCK_N) * BLOCK_N
         masked_end = T_K
-    dq = dq_over_keys(dq, q, do, lse2, delta, K_base, V_base, b, h, 0, full_end, offs_m, offs_nb, offs_d, offs_dv,
-                      stride_kt, stride_kd, stride_vt, stride_vd, T_K, D, DV, qk_scale, BLOCK_N=BLOCK_N, MASK_T=False,
-                      MASK_CAUSAL=False, EVEN_D=EVEN_D, PRECISION=PRECISION, TMA=TMA)
-    dq = dq_over_keys(dq, q, do, lse2, delta, K_base, V_base, b, h, full_end, masked_end, offs_m, offs_nb, offs_d,
-                      offs_dv, stride_kt, stride_kd, stride_vt, stride_vd, T_K, D, DV, qk_scale, BLOCK_N=BLOCK_N,
-                      MASK_T=True, MASK_CAUSAL=CAUSAL, EVEN_D=EVEN_D, PRECISION=PRECISION, TMA=TMA)
+    dq, bad = dq_over_keys(dq, no_bad(BLOCK_D), q, do, lse2, delta, K_base, V_base, b, h, 0, full_end, offs_m,
+                           offs_nb, offs_d, offs_dv, stride_kt, stride_kd, stride_vt, stride_vd, T_K, D, DV, qk_scale,
+                           BLOCK_N=BLOCK_N, MASK_T=False, MASK_CAUSAL=False, EVEN_D=EVEN_D, PRECISION=PRECISION,
+                           TMA=TMA)
+    dq, bad = dq_over_keys(dq, bad, q, do, lse2, delta, K_base, V_base, b, h, full_end, masked_end, offs_m, offs_nb,
+                           offs_d, offs_dv, stride_kt, stride_kd, stride_vt, stride_vd, T_K, D, DV, qk_scale,
+                           BLOCK_N=BLOCK_N, MASK_T=True, MASK_CAUSAL=CAUSAL, EVEN_D=EVEN_D, PRECISION=PRECISION,
+                           TMA=TMA)
 
-    store_tile(DQ + b * stride_dqb + h * stride_dqh, dq * sm_scale, offs_m, offs_d, stride_dqt, stride_dqd, T_Q, D)
+    dq = poison_rows(dq * sm_scale, bad, offs_m)
+    store_tile(DQ + b * stride_dqb + h * stride_dqh, dq, offs_m, offs_d, stride_dqt, stride_dqd, T_Q, D)
 
 
 def bwd_smem(resident: str, out: str, fused: bool = False):
@@ -164,7 +176,8 @@ def bwd_smem(resident: str, out: str, fused: bool = False):
         if resident == "q":
             return e * width * (bm + cfg.num_stages * bn) + launch.SMEM_MARGIN
         total = e * width * (bn + cfg.num_stages * bm) + cfg.num_stages * bm * 8 + e * bm * bd + launch.SMEM_MARGIN
-        wgmma = launch.target_family(args["LSE"].device) == "sm90"
+        # launch.keep names the target it prunes for (a listing for another GPU than this one).
+        wgmma = (args.get("TARGET") or launch.target_family(args["LSE"].device)) == "sm90"
         return total + ((4 * bm + e * bn) * bd if fused and wgmma else 0)
 
     return smem
@@ -232,10 +245,11 @@ _KEY = ["T_BUCKET", "D", "DV", "CAUSAL"]
 _prune_dkdv = launch.pruner(bwd_smem("kv", "DK"), _DKDV_SPILLS, spill_width("DK"), "LSE")
 _prune_fused = launch.pruner(bwd_smem("kv", "DK", fused=True), _FUSED_SPILLS, spill_width("DK"), "LSE")
 _prune_dq = launch.pruner(bwd_smem("q", "DQ"), _DQ_SPILLS, spill_width("DQ"), "LSE")
-_dkdv = launch.autotuned(_flash_bwd_dkdv_kernel, _DKDV_CONFIGS, _KEY, _prune_dkdv)
+_dkdv = launch.autotuned(_flash_bwd_dkdv_kernel, _DKDV_CONFIGS, _KEY, _prune_dkdv, name="flash.backward._dkdv")
 # The fused kernel adds into DQ: the autotuner zeroes it before each timed run and before the real one.
-_fused = launch.autotuned(_flash_bwd_dkdv_kernel, _FUSED_CONFIGS, _KEY, _prune_fused, reset_to_zero=["DQ"])
-_dq = launch.autotuned(_flash_bwd_dq_kernel, _DQ_CONFIGS, _KEY, _prune_dq)
+_fused = launch.autotuned(_flash_bwd_dkdv_kernel, _FUSED_CONFIGS, _KEY, _prune_fused, reset_to_zero=["DQ"],
+                          name="flash.backward._fused")
+_dq = launch.autotuned(_flash_bwd_dq_kernel, _DQ_CONFIGS, _KEY, _prune_dq, name="flash.backward._dq")
 
 INTERPRET_DKDV = dict(BLOCK_M=16, BLOCK_N=32)
 INTERPRET_DQ = dict(BLOCK_M=32, BLOCK_N=16)

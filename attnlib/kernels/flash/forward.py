@@ -18,8 +18,11 @@ The key loop runs in two stages so that the inner loop of the common case has no
 tutorial's split; the causal diagonal is its own stage):
   * unmasked tiles: every key is valid for every row of the program
     (non-causal: all full tiles; causal: the tiles strictly left of the diagonal block) -- no
-    ``where``, no bounds checks, no empty-row guard;
-  * masked tiles: the ragged tail ``Tk % BLOCK_N`` and, when causal, the diagonal block.
+    ``where``, no bounds checks;
+  * masked tiles: the ragged tail ``Tk % BLOCK_N`` and, when causal, the diagonal block, where a key
+    masked for some rows reaches none of them, whatever it holds (``online_softmax.attend_keys``).
+A row whose logits are all ``-inf`` (a non-finite q or k) is written as NaN with ``lse = -inf``, as in
+the definition, never as 0 (``online_softmax.store_o_lse``).
 Causal masking is top-left aligned with ``Tq == Tk`` (query i sees keys j <= i), as in SDPA. The
 diagonal stage starts at the program's first row, which is a key-tile boundary only if ``BLOCK_N``
 divides ``BLOCK_M``: the kernel asserts it at compile time (``tl.static_assert``).
@@ -61,7 +64,7 @@ import triton.language as tl
 
 from ..._backend import INTERPRET
 from ..common import launch
-from ..common.online_softmax import LOG2E, attend_keys, head_base, load_rows, softmax_init, store_o_lse
+from ..common.online_softmax import LOG2E, attend_keys, head_base, load_rows, no_bad, softmax_init, store_o_lse
 from ..common.precision import softmax_precision
 from ..common.tiles import program_tile
 
@@ -88,6 +91,7 @@ def _flash_fwd_kernel(Q, K, V, O, LSE, TRACE_M, TRACE_L, TRACE_ACC,
     V_base = head_base(V, b, h, stride_vb, stride_vh, TMA)
 
     acc, l_i, m_i = softmax_init(BLOCK_M, BLOCK_DV)
+    bad = no_bad(BLOCK_DV)
     if TRACE:   # this program's (batch, head) in the [B * H, n_key_tiles, T_Q(, DV)] trace buffers
         trace_rows = pid_bh * tl.cdiv(T_K, BLOCK_N) * T_Q
         TRACE_M += trace_rows
@@ -102,18 +106,20 @@ def _flash_fwd_kernel(Q, K, V, O, LSE, TRACE_M, TRACE_L, TRACE_ACC,
         masked_end = T_K
 
     # Stage 1: no masks. Every row sees every key of these tiles, so no row is empty.
-    acc, l_i, m_i = attend_keys(acc, l_i, m_i, q, K_base, V_base, b, h, 0, full_end, offs_m, offs_n, offs_d, offs_dv,
-                                stride_kt, stride_kd, stride_vt, stride_vd, T_K, D, DV, qk_scale, BLOCK_N=BLOCK_N,
-                                MASK_T=False, CAUSAL=False, EVEN_D=EVEN_D, PRECISION=PRECISION, TMA=TMA,
-                                TRACE_M=TRACE_M, TRACE_L=TRACE_L, TRACE_ACC=TRACE_ACC, T_Q=T_Q, TRACE=TRACE)
+    acc, l_i, m_i, bad = attend_keys(acc, l_i, m_i, bad, q, K_base, V_base, b, h, 0, full_end, offs_m, offs_n, offs_d,
+                                     offs_dv, stride_kt, stride_kd, stride_vt, stride_vd, T_K, D, DV, qk_scale,
+                                     BLOCK_N=BLOCK_N, MASK_T=False, CAUSAL=False, EVEN_D=EVEN_D, PRECISION=PRECISION,
+                                     TMA=TMA, TRACE_M=TRACE_M, TRACE_L=TRACE_L, TRACE_ACC=TRACE_ACC, T_Q=T_Q,
+                                     TRACE=TRACE)
     # Stage 2: the diagonal (causal) and the ragged tail, masked.
-    acc, l_i, m_i = attend_keys(acc, l_i, m_i, q, K_base, V_base, b, h, full_end, masked_end, offs_m, offs_n, offs_d,
-                                offs_dv, stride_kt, stride_kd, stride_vt, stride_vd, T_K, D, DV, qk_scale,
-                                BLOCK_N=BLOCK_N, MASK_T=True, CAUSAL=CAUSAL, EVEN_D=EVEN_D, PRECISION=PRECISION,
-                                TMA=TMA, TRACE_M=TRACE_M, TRACE_L=TRACE_L, TRACE_ACC=TRACE_ACC, T_Q=T_Q, TRACE=TRACE)
-    # Only padded rows (>= T_Q) can have l = 0; LSE: contiguous [B, H, Tq].
-    store_o_lse(O + b * stride_ob + h * stride_oh, LSE + pid_bh * T_Q, acc, l_i, m_i, offs_m, offs_dv,
-                stride_ot, stride_od, T_Q, DV)
+    acc, l_i, m_i, bad = attend_keys(acc, l_i, m_i, bad, q, K_base, V_base, b, h, full_end, masked_end, offs_m,
+                                     offs_n, offs_d, offs_dv, stride_kt, stride_kd, stride_vt, stride_vd, T_K, D, DV,
+                                     qk_scale, BLOCK_N=BLOCK_N, MASK_T=True, CAUSAL=CAUSAL, EVEN_D=EVEN_D,
+                                     PRECISION=PRECISION, TMA=TMA, TRACE_M=TRACE_M, TRACE_L=TRACE_L,
+                                     TRACE_ACC=TRACE_ACC, T_Q=T_Q, TRACE=TRACE)
+    # Every row has keys (T_K > 0); l = 0 only where all its logits are -inf. LSE: contiguous [B, H, Tq].
+    store_o_lse(O + b * stride_ob + h * stride_oh, LSE + pid_bh * T_Q, acc, l_i, m_i, (offs_m >= 0) & (T_K > 0),
+                bad, offs_m, offs_dv, stride_ot, stride_od, T_Q, DV)
 
 
 def fwd_smem(cfg, args) -> int:
@@ -178,7 +184,8 @@ _FWD_SPILLS = {
 }
 
 _prune_fwd = launch.pruner(fwd_smem, _FWD_SPILLS, spill_width("O"), "LSE")
-_flash_fwd = launch.autotuned(_flash_fwd_kernel, _FWD_CONFIGS, ["T_BUCKET", "D", "DV", "CAUSAL"], _prune_fwd)
+_flash_fwd = launch.autotuned(_flash_fwd_kernel, _FWD_CONFIGS, ["T_BUCKET", "D", "DV", "CAUSAL"], _prune_fwd,
+                             name="flash.forward._flash_fwd")
 
 # Under the interpreter: small tiles (it is slow and numpy-backed); BLOCK_N divides BLOCK_M.
 INTERPRET_FWD = dict(BLOCK_M=32, BLOCK_N=16)

@@ -1,6 +1,6 @@
 """Fused Grassmann mixing in Triton: pairing, Plücker products, normalisation, the average over
 offsets and the projection to the model width, forward and backward, without ever storing the
-``[B, L, |W|, C(r,2)]`` tensor of coordinates.
+``[B, T, |W|, C(r,2)]`` tensor of coordinates.
 
 What it computes (``attnlib.grassmann.plucker_projection`` without the bias):
 
@@ -22,29 +22,30 @@ multiple) has ``v`` = 0, and its ``1 / eps`` coefficient multiplies nothing. ``v
 (the second pass removes the ``~eps_machine / sin`` component along ``u`` the first leaves). Per token:
 ``O(|W| r)`` for the pairing and norms plus ``2 r^2 d`` for the projection, instead of ``O(|W| r^2 d)``.
 
-Scale. The launcher hands the kernels ``z_s = s z`` with one power of two ``s_t`` per token (exact)
-putting ``max_i |z_s,t,i|`` in ``[0.5, 1)``, and ``s``: the normalised coordinates do not depend on
+Scale. The kernels take ``z_s = s z`` (``attnlib.grassmann._unit_scale`` rescales) with one power of
+two ``s_t`` per token (exact) putting ``max_i |z_s,t,i|`` in ``[0.5, 1)``, and ``s``: the normalised
+coordinates do not depend on
 scale, only the ``eps`` comparison does, and it becomes ``||p_s|| > eps s_u s_w`` (floored at the
 smallest normal float32, as the reference). Gradients come back as ``dz = s dz_s``. So ``|z| ~ 1e10`` is as
 accurate as ``|z| ~ 1``.
 
 Tiling.
 
-* ``_fwd_kernel``, grid ``(cdiv(L, BLOCK_T), cdiv(d, BLOCK_D), B)``: a program owns ``BLOCK_T``
+* ``_fwd_kernel``, grid ``(cdiv(T, BLOCK_T), cdiv(d, BLOCK_D), B)``: a program owns ``BLOCK_T``
   positions and ``BLOCK_D`` output columns. It loads ``u = z_s,t`` as a ``[BLOCK_T, BLOCK_R]`` tile,
   loops over the offsets loading the partner tile ``z_s,t-delta`` (masked to zero where
   ``t - delta < 0``), accumulates ``w_hat`` in registers, then loops over ``i < r``: one
   ``[BLOCK_T, BLOCK_R] x [BLOCK_R, BLOCK_D]`` dot with ``Wa[i]``, scaled by the column ``u_i``.
-  Written back: ``g`` tile, and ``w_hat`` (``[B, L, r]`` float32, by the ``d``-block 0 programs),
+  Written back: ``g`` tile, and ``w_hat`` (``[B, T, r]`` float32, by the ``d``-block 0 programs),
   saved for the backward pass. Nothing of size ``|W| C`` exists, not even in registers.
-* ``_bwd_partner_kernel``, grid ``(cdiv(L, BLOCK_T), B)``: from ``dg`` (looping over ``d`` in
+* ``_bwd_partner_kernel``, grid ``(cdiv(T, BLOCK_T), B)``: from ``dg`` (looping over ``d`` in
   ``BLOCK_D`` slices and over ``i``) the gradients of the bilinear form: ``dw_hat_t`` and the direct
-  part of ``du_t``; both ``[B, L, r]`` float32.
-* ``_bwd_z_kernel``, grid ``(cdiv(L, BLOCK_T), B)``: ``dz_s`` gathered, without atomics, from the
+  part of ``du_t``; both ``[B, T, r]`` float32.
+* ``_bwd_z_kernel``, grid ``(cdiv(T, BLOCK_T), B)``: ``dz_s`` gathered, without atomics, from the
   two roles ``z_s`` plays -- as ``u`` at ``t = s`` and as the partner of ``t = s + delta`` -- by
   recomputing each pair's ``v``, norm and coefficient (``O(|W| r)`` per token).
 * ``_bwd_weight_kernel``, grid ``(r, cdiv(d, BLOCK_D), SPLIT)``: ``dWa[i] = sum_t u_{t,i} w_hat_t^T dg_t``,
-  one ``[BLOCK_R, BLOCK_D]`` accumulator per program over a contiguous share of the ``B L`` rows;
+  one ``[BLOCK_R, BLOCK_D]`` accumulator per program over a contiguous share of the ``B T`` rows;
   the ``SPLIT`` partial sums are added in PyTorch (deterministic, no atomics).
 
 Precision: the pairing, norms and accumulators are float32 whatever the input dtype; the matrix
@@ -59,7 +60,6 @@ import torch
 import triton
 import triton.language as tl
 
-from ...grassmann import _unit_scale
 from ..common.launch import require_launchable
 from ..common.precision import dot, io_dtype
 
@@ -67,21 +67,21 @@ TINY = torch.finfo(torch.float32).tiny             # the floor of eps s_u s_w, a
 
 
 @triton.jit
-def _positions(b, L, R, BLOCK_T: tl.constexpr, BLOCK_R: tl.constexpr):
+def _positions(b, T, R, BLOCK_T: tl.constexpr, BLOCK_R: tl.constexpr):
     """``(t, tmask, offs_r, rmask, base, m2)`` of a program that owns ``BLOCK_T`` positions (grid axis 0)
-    of batch ``b``: the positions and ``t < L``, the ``r`` offsets and ``< R``, and the offsets and mask
-    of these rows in a contiguous ``[B, L, r]`` float32 buffer (``z_s``, ``w_hat`` and their kin)."""
+    of batch ``b``: the positions and ``t < T``, the ``r`` offsets and ``< R``, and the offsets and mask
+    of these rows in a contiguous ``[B, T, r]`` float32 buffer (``z_s``, ``w_hat`` and their kin)."""
     t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
-    tmask = t < L
+    tmask = t < T
     offs_r = tl.arange(0, BLOCK_R)
     rmask = offs_r < R
-    return t, tmask, offs_r, rmask, b * L * R + t[:, None] * R + offs_r[None, :], tmask[:, None] & rmask[None, :]
+    return t, tmask, offs_r, rmask, b * T * R + t[:, None] * R + offs_r[None, :], tmask[:, None] & rmask[None, :]
 
 
 @triton.jit
-def _load_rows(buf, b, rows, valid, offs_r, L, R):
-    """Rows ``buf[b, rows, :R]`` of a contiguous ``[B, L, R]`` float32 buffer, zero where not ``valid``."""
-    ptr = buf + b * L * R + rows[:, None] * R + offs_r[None, :]
+def _load_rows(buf, b, rows, valid, offs_r, T, R):
+    """Rows ``buf[b, rows, :R]`` of a contiguous ``[B, T, R]`` float32 buffer, zero where not ``valid``."""
+    ptr = buf + b * T * R + rows[:, None] * R + offs_r[None, :]
     return tl.load(ptr, mask=valid[:, None] & (offs_r[None, :] < R), other=0.0)
 
 
@@ -129,16 +129,16 @@ def _count_valid(t, OFF, NW):
 @triton.jit
 def _fwd_kernel(ZS, S, WA, OFF, G, WHAT,
                 stride_gb, stride_gt, stride_gd,
-                L, R, D, NW, eps, tiny,
+                T, R, D, NW, eps, tiny,
                 BLOCK_T: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, DT: tl.constexpr):
     pid_d = tl.program_id(1)
     b = tl.program_id(2)
-    t, tmask, offs_r, rmask, base, m2 = _positions(b, L, R, BLOCK_T, BLOCK_R)
+    t, tmask, offs_r, rmask, base, m2 = _positions(b, T, R, BLOCK_T, BLOCK_R)
     offs_e = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
     emask = offs_e < D
 
-    u = _load_rows(ZS, b, t, tmask, offs_r, L, R)                          # [BLOCK_T, BLOCK_R]
-    su = tl.load(S + b * L + t, mask=tmask, other=1.0)
+    u = _load_rows(ZS, b, t, tmask, offs_r, T, R)                          # [BLOCK_T, BLOCK_R]
+    su = tl.load(S + b * T + t, mask=tmask, other=1.0)
     uu = tl.sum(u * u, axis=1)
     what = tl.zeros([BLOCK_T, BLOCK_R], dtype=tl.float32)
     cnt = tl.zeros([BLOCK_T], dtype=tl.float32)
@@ -146,8 +146,8 @@ def _fwd_kernel(ZS, S, WA, OFF, G, WHAT,
         delta = tl.load(OFF + k)
         s = t - delta
         valid = tmask & (s >= 0)
-        w = _load_rows(ZS, b, s, valid, offs_r, L, R)
-        sw = tl.load(S + b * L + s, mask=valid, other=1.0)
+        w = _load_rows(ZS, b, s, valid, offs_r, T, R)
+        sw = tl.load(S + b * T + s, mask=valid, other=1.0)
         _, v, _, n, _ = _orthogonal(u, uu, su, w, sw, eps, tiny)
         what += tl.where(valid, 1.0 / n, 0.0)[:, None] * v
         cnt += valid.to(tl.float32)
@@ -157,7 +157,7 @@ def _fwd_kernel(ZS, S, WA, OFF, G, WHAT,
 
     acc = tl.zeros([BLOCK_T, BLOCK_D], dtype=tl.float32)
     for i in range(R):
-        ui = tl.load(ZS + b * L * R + t * R + i, mask=tmask, other=0.0)
+        ui = tl.load(ZS + b * T * R + t * R + i, mask=tmask, other=0.0)
         wa = tl.load(WA + i * R * D + offs_r[:, None] * D + offs_e[None, :],
                      mask=rmask[:, None] & emask[None, :], other=0.0)      # Wa[i] slice
         acc += ui[:, None] * dot(what, wa, DT)
@@ -168,12 +168,12 @@ def _fwd_kernel(ZS, S, WA, OFF, G, WHAT,
 @triton.jit
 def _bwd_partner_kernel(ZS, WA, WHAT, DG, DWHAT, DU,
                         stride_gb, stride_gt, stride_gd,
-                        L, R, D,
+                        T, R, D,
                         BLOCK_T: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
                         DT: tl.constexpr):
     """dw_hat_t = sum_i u_i (dg_t @ Wa[i]^T);  du_t[i] (direct) = w_hat_t . (dg_t @ Wa[i]^T)."""
     b = tl.program_id(1)
-    t, tmask, offs_r, rmask, base, m2 = _positions(b, L, R, BLOCK_T, BLOCK_R)
+    t, tmask, offs_r, rmask, base, m2 = _positions(b, T, R, BLOCK_T, BLOCK_R)
     what = tl.load(WHAT + base, mask=m2, other=0.0)
     dwhat = tl.zeros([BLOCK_T, BLOCK_R], dtype=tl.float32)
     du = tl.zeros([BLOCK_T, BLOCK_R], dtype=tl.float32)
@@ -183,7 +183,7 @@ def _bwd_partner_kernel(ZS, WA, WHAT, DG, DWHAT, DU,
         dg = tl.load(DG + b * stride_gb + t[:, None] * stride_gt + offs_e[None, :] * stride_gd,
                      mask=tmask[:, None] & emask[None, :], other=0.0)       # [BLOCK_T, BLOCK_D]
         for i in range(R):
-            ui = tl.load(ZS + b * L * R + t * R + i, mask=tmask, other=0.0)
+            ui = tl.load(ZS + b * T * R + t * R + i, mask=tmask, other=0.0)
             wa_t = tl.load(WA + i * R * D + offs_r[None, :] * D + offs_e[:, None],
                            mask=rmask[None, :] & emask[:, None], other=0.0)  # [BLOCK_D, BLOCK_R]
             y = dot(dg, wa_t, DT)                                            # [BLOCK_T, BLOCK_R]
@@ -196,7 +196,7 @@ def _bwd_partner_kernel(ZS, WA, WHAT, DG, DWHAT, DU,
 
 @triton.jit
 def _bwd_z_kernel(ZS, S, OFF, DWHAT, DU, DZ,
-                  L, R, NW, eps, tiny,
+                  T, R, NW, eps, tiny,
                   BLOCK_T: tl.constexpr, BLOCK_R: tl.constexpr):
     """dz_s = du_s (direct) + [z_s as u at t = s: through each v and each norm]
                             + [z_s as the partner w of t = s + delta: through v = P_u w].
@@ -204,10 +204,10 @@ def _bwd_z_kernel(ZS, S, OFF, DWHAT, DU, DZ,
     With ``v = w - a u``, ``a = u . w / ||u||^2`` (``P_u`` the projection orthogonal to ``u``):
     ``dw = P_u dv`` and ``du = -a dv - (u . dv / ||u||^2) (w - 2 a u)``."""
     b = tl.program_id(1)
-    s, smask, offs_r, rmask, base, m2 = _positions(b, L, R, BLOCK_T, BLOCK_R)
+    s, smask, offs_r, rmask, base, m2 = _positions(b, T, R, BLOCK_T, BLOCK_R)
 
-    x = _load_rows(ZS, b, s, smask, offs_r, L, R)                           # z_s (rescaled)
-    sx = tl.load(S + b * L + s, mask=smask, other=1.0)
+    x = _load_rows(ZS, b, s, smask, offs_r, T, R)                           # z_s (rescaled)
+    sx = tl.load(S + b * T + s, mask=smask, other=1.0)
     xx = tl.sum(x * x, axis=1)
     xxs = tl.where(xx > 0, xx, 1.0)
     dz = tl.load(DU + base, mask=m2, other=0.0)
@@ -218,8 +218,8 @@ def _bwd_z_kernel(ZS, S, OFF, DWHAT, DU, DZ,
         # role 1: z_s is u, paired with w = z_{s-delta}
         p = s - delta
         valid = smask & (p >= 0)
-        w = _load_rows(ZS, b, p, valid, offs_r, L, R)
-        sw = tl.load(S + b * L + p, mask=valid, other=1.0)
+        w = _load_rows(ZS, b, p, valid, offs_r, T, R)
+        sw = tl.load(S + b * T + p, mask=valid, other=1.0)
         a, v, vv, n, big = _orthogonal(x, xx, sx, w, sw, eps, tiny)
         c = tl.where(valid, 1.0 / (k_s * n), 0.0)
         dv, qn = _dv(c, big, n, xx, v, dwhat_s)
@@ -227,12 +227,12 @@ def _bwd_z_kernel(ZS, S, OFF, DWHAT, DU, DZ,
         dz += (qn * (vv / n))[:, None] * x - a[:, None] * dv - xdv[:, None] * (w - 2.0 * a[:, None] * x)
         # role 2: z_s is the partner w of u = z_{s+delta}
         t = s + delta
-        valid2 = smask & (t < L)
-        u = _load_rows(ZS, b, t, valid2, offs_r, L, R)
-        su = tl.load(S + b * L + t, mask=valid2, other=1.0)
+        valid2 = smask & (t < T)
+        u = _load_rows(ZS, b, t, valid2, offs_r, T, R)
+        su = tl.load(S + b * T + t, mask=valid2, other=1.0)
         uu = tl.sum(u * u, axis=1)
         _, v2, _, n2, big2 = _orthogonal(u, uu, su, x, sx, eps, tiny)
-        dwhat_t = _load_rows(DWHAT, b, t, valid2, offs_r, L, R)
+        dwhat_t = _load_rows(DWHAT, b, t, valid2, offs_r, T, R)
         k_t = tl.maximum(_count_valid(t, OFF, NW), 1.0)
         c2 = tl.where(valid2, 1.0 / (k_t * n2), 0.0)
         dv2, _ = _dv(c2, big2, n2, uu, v2, dwhat_t)
@@ -283,43 +283,37 @@ def _blocks(R: int, D: int) -> tuple[int, int]:
     return block_r, block_d
 
 
-def _rescaled(z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(z_s [B, L, r], s [B, L])``, float32 and contiguous: each token times a power of two (exact)."""
-    zs, s = _unit_scale(z.detach().float())
-    return zs.contiguous(), s.contiguous()
-
-
 def _fwd(zs, s, wa, offsets, eps, out_dtype):
-    B, L, R = zs.shape
+    B, T, R = zs.shape
     D = wa.shape[-1]
-    g = torch.empty(B, L, D, device=zs.device, dtype=out_dtype)
-    what = torch.empty(B, L, R, device=zs.device, dtype=torch.float32)
-    if B * L == 0 or D == 0:
+    g = torch.empty(B, T, D, device=zs.device, dtype=out_dtype)
+    what = torch.empty(B, T, R, device=zs.device, dtype=torch.float32)
+    if B * T == 0 or D == 0:
         return g.zero_(), what.zero_()
     block_r, block_d = _blocks(R, D)
-    grid = (triton.cdiv(L, BLOCK_T), triton.cdiv(D, block_d), B)
-    _fwd_kernel[grid](zs, s, wa, offsets, g, what, *g.stride(), L, R, D, offsets.numel(), float(eps), TINY,
+    grid = (triton.cdiv(T, BLOCK_T), triton.cdiv(D, block_d), B)
+    _fwd_kernel[grid](zs, s, wa, offsets, g, what, *g.stride(), T, R, D, offsets.numel(), float(eps), TINY,
                       BLOCK_T=BLOCK_T, BLOCK_R=block_r, BLOCK_D=block_d, DT=io_dtype(out_dtype))
     return g, what
 
 
 def _bwd(zs, s, wa, offsets, eps, what, dg):
-    B, L, R = zs.shape
+    B, T, R = zs.shape
     D = wa.shape[-1]
     dg = dg.contiguous()
-    if B * L == 0 or D == 0:
-        return torch.zeros(B, L, R, device=zs.device), torch.zeros(R, R, D, device=zs.device)
+    if B * T == 0 or D == 0:
+        return torch.zeros(B, T, R, device=zs.device), torch.zeros(R, R, D, device=zs.device)
     block_r, block_d = _blocks(R, D)
     dt = io_dtype(dg.dtype)
-    dwhat = torch.empty(B, L, R, device=zs.device, dtype=torch.float32)
+    dwhat = torch.empty(B, T, R, device=zs.device, dtype=torch.float32)
     du = torch.empty_like(dwhat)
-    grid = (triton.cdiv(L, BLOCK_T), B)
-    _bwd_partner_kernel[grid](zs, wa, what, dg, dwhat, du, *dg.stride(), L, R, D,
+    grid = (triton.cdiv(T, BLOCK_T), B)
+    _bwd_partner_kernel[grid](zs, wa, what, dg, dwhat, du, *dg.stride(), T, R, D,
                               BLOCK_T=BLOCK_T, BLOCK_R=block_r, BLOCK_D=block_d, DT=dt)
     dzs = torch.empty_like(dwhat)
-    _bwd_z_kernel[grid](zs, s, offsets, dwhat, du, dzs, L, R, offsets.numel(), float(eps), TINY,
+    _bwd_z_kernel[grid](zs, s, offsets, dwhat, du, dzs, T, R, offsets.numel(), float(eps), TINY,
                         BLOCK_T=BLOCK_T, BLOCK_R=block_r)
-    N = B * L
+    N = B * T
     gf = dg.reshape(N, D)
     split = max(1, min(64, triton.cdiv(N, 2048)))
     rows = triton.cdiv(triton.cdiv(N, split), BLOCK_T) * BLOCK_T
@@ -331,42 +325,23 @@ def _bwd(zs, s, wa, offsets, eps, what, dg):
     return dzs * s[..., None], dwa.sum(0)                   # dz = s dz_s: s is piecewise constant
 
 
-def grassmann_fwd(z: torch.Tensor, wa: torch.Tensor, offsets: torch.Tensor, eps: float
-                  ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``z [B, L, r]``, ``wa [r, r, d]`` (contiguous, z's dtype), ``offsets`` int32 on z's device.
-    Returns ``(g [B, L, d] in z's dtype, w_hat [B, L, r] float32)``; ``w_hat`` is in the rescaled
-    units of :func:`attnlib.grassmann._unit_scale` (what the backward pass takes)."""
-    require_launchable(z)
-    return _fwd(*_rescaled(z), wa, offsets, eps, z.dtype)
+def plucker_fused_forward(zs: torch.Tensor, s: torch.Tensor, wa: torch.Tensor, offsets: torch.Tensor, eps: float,
+                          out_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(g [B, T, d] in out_dtype, w_hat [B, T, r] float32)`` for the rescaled tokens ``zs [B, T, r]`` and
+    their scales ``s [B, T]`` (both float32, contiguous: ``attnlib.grassmann`` rescales, so that the
+    scaling rule lives once, beside the reference that uses it), the antisymmetric weight ``wa [r, r, d]``
+    (contiguous) and ``offsets`` (int32 on zs's device). ``w_hat`` is in the rescaled units: what
+    :func:`plucker_fused_backward` takes."""
+    require_launchable(zs)
+    return _fwd(zs, s, wa, offsets, eps, out_dtype)
 
 
-def grassmann_bwd(z, wa, offsets, eps, what, dg) -> tuple[torch.Tensor, torch.Tensor]:
-    """Gradients ``(dz [B, L, r] float32, dwa [r, r, d] float32)`` for ``dg [B, L, d]`` (z's dtype)."""
-    return _bwd(*_rescaled(z), wa, offsets, eps, what, dg)
+def plucker_fused_backward(zs: torch.Tensor, s: torch.Tensor, wa: torch.Tensor, offsets: torch.Tensor, eps: float,
+                           what: torch.Tensor, dg: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Gradients ``(dz [B, T, r] float32, dwa [r, r, d] float32)`` for ``dg [B, T, d]``, the inputs as
+    :func:`plucker_fused_forward` took them and its ``w_hat``; ``dz`` is with respect to the unscaled ``z``."""
+    require_launchable(zs)
+    return _bwd(zs, s, wa, offsets, eps, what, dg)
 
 
-class _FusedPluckerProjection(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, z, wa, offsets, eps):
-        require_launchable(z)
-        zs, s = _rescaled(z)
-        g, what = _fwd(zs, s, wa, offsets, eps, z.dtype)
-        ctx.save_for_backward(zs, s, wa, offsets, what)
-        ctx.eps, ctx.z_dtype = eps, z.dtype
-        return g
-
-    @staticmethod
-    def backward(ctx, dg):
-        zs, s, wa, offsets, what = ctx.saved_tensors
-        dz, dwa = _bwd(zs, s, wa, offsets, ctx.eps, what, dg.to(ctx.z_dtype))
-        return dz.to(ctx.z_dtype), dwa.to(wa.dtype), None, None
-
-
-def fused_plucker_projection(z: torch.Tensor, wa: torch.Tensor, offsets, eps: float) -> torch.Tensor:
-    """``g [B, L, d]`` for ``z [B, L, r]`` and the antisymmetric weight ``wa [r, r, d]``; differentiable
-    in both. Inputs validated by ``attnlib.grassmann.plucker_projection``."""
-    offs = torch.tensor(list(offsets), dtype=torch.int32, device=z.device)
-    return _FusedPluckerProjection.apply(z.contiguous(), wa.contiguous(), offs, float(eps))
-
-
-__all__ = ["fused_plucker_projection", "grassmann_fwd", "grassmann_bwd"]
+__all__ = ["plucker_fused_forward", "plucker_fused_backward"]

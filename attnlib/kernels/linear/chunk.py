@@ -32,7 +32,7 @@ from ..common.chunk_state import chunk_bwd_dh, chunk_fwd_h
 from ..common.launch import check_chunk, require_launchable
 from .segments import linear_segments_forward
 
-# The segmented forward holds a [D, BLOCK_V] state and [CHUNK, D] tiles in one program: at D = 256 that
+# The segmented forward holds a [D, BLOCK_DV] state and [CHUNK, D] tiles in one program: at D = 256 that
 # spilled registers on sm_89 in every tile shape measured (``segments.py``), so wider heads take the
 # two-pass form of the backward's state pass and the output kernel.
 SEGMENTED_MAX_HEAD = 128

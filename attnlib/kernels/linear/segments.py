@@ -10,7 +10,7 @@ launches, the first two only when ``NS > 1``:
 2. ``_segment_scan_kernel``, grid ``(D tiles x Dv tiles, B * H)``: walks the ``NS`` segments, replacing
    each ``dS_s`` by the state entering segment ``s`` (in place).
 3. ``_segment_output_kernel``, grid ``(Dv tiles, NS, B * H)``: one program per segment and value tile
-   keeps its ``[D, BLOCK_V]`` slice of the state in float32 registers and walks the segment's chunks,
+   keeps its ``[D, BLOCK_DV]`` slice of the state in float32 registers and walks the segment's chunks,
 
        O_c = scale (Q_c h + (Q_c K_c^T . M) V_c),      h <- h + K_c^T V_c,
 
@@ -21,7 +21,7 @@ and writes ``o``, where the two-pass form (``chunk_fwd_h`` then ``chunk_fwd_o``,
 and reads a ``[D, Dv]`` state per chunk -- at D = Dv = 128 and chunk 64, in bfloat16, that is twice the
 bytes of ``k``, written once and read once.
 
-Heads up to 128 wide: at D = 256 the output program's ``[D, BLOCK_V]`` state and ``[CHUNK, D]`` tiles
+Heads up to 128 wide: at D = 256 the output program's ``[D, BLOCK_DV]`` state and ``[CHUNK, D]`` tiles
 spilled registers on sm_89 in every tile shape measured, so ``linear/chunk.py`` takes the two-pass
 form there (its state pass splits ``D``).
 
@@ -44,26 +44,28 @@ import torch
 import triton
 import triton.language as tl
 
+from ..common.chunk_o import finite_part, first_nonfinite
 from ..common.chunk_tiles import load_chunk, store_chunk
-from ..common.launch import autotuned, head_block, interpret_config, num_chunks, pruner, sm_count
+from ..common.launch import autotuned, chunk_invariants, head_block, interpret_config, num_chunks, pruner, sm_count
 from ..common.precision import dot, io_dtype, wide_dtype
 
 
 @triton.jit
-def _tile(pid, D, DV, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr):
-    nv = tl.cdiv(DV, BLOCK_V)
-    offs_k = (pid // nv) * BLOCK_K + tl.arange(0, BLOCK_K)
-    offs_v = (pid % nv) * BLOCK_V + tl.arange(0, BLOCK_V)
+def _tile(pid, D, DV, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
+    nv = tl.cdiv(DV, BLOCK_DV)
+    offs_k = (pid // nv) * BLOCK_D + tl.arange(0, BLOCK_D)
+    offs_v = (pid % nv) * BLOCK_DV + tl.arange(0, BLOCK_DV)
     return offs_k, offs_v, (offs_k < D)[:, None] & (offs_v < DV)[None, :]
 
 
 @triton.jit
 def _segment_sum_kernel(K, V, DS, T, D, DV, NT, SEG,
-                        CHUNK: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr, IO: tl.constexpr):
+                        CHUNK: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, IO: tl.constexpr):
+    chunk_invariants(CHUNK, BLOCK_D, BLOCK_DV)
     s = tl.program_id(1)
     bh = tl.program_id(2).to(tl.int64)
-    offs_k, offs_v, hmask = _tile(tl.program_id(0), D, DV, BLOCK_K, BLOCK_V)
-    acc = tl.zeros([BLOCK_K, BLOCK_V], dtype=tl.float32)
+    offs_k, offs_v, hmask = _tile(tl.program_id(0), D, DV, BLOCK_D, BLOCK_DV)
+    acc = tl.zeros([BLOCK_D, BLOCK_DV], dtype=tl.float32)
     for c in range(s * SEG, tl.minimum(s * SEG + SEG, NT)):
         t = c * CHUNK + tl.arange(0, CHUNK)
         tmask = t < T
@@ -74,11 +76,11 @@ def _segment_sum_kernel(K, V, DS, T, D, DV, NT, SEG,
 
 
 @triton.jit
-def _segment_scan_kernel(DS, H0, NS, D, DV, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr, USE_H0: tl.constexpr):
+def _segment_scan_kernel(DS, H0, NS, D, DV, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, USE_H0: tl.constexpr):
     bh = tl.program_id(1).to(tl.int64)
-    offs_k, offs_v, hmask = _tile(tl.program_id(0), D, DV, BLOCK_K, BLOCK_V)
+    offs_k, offs_v, hmask = _tile(tl.program_id(0), D, DV, BLOCK_D, BLOCK_DV)
     s_offs = bh * DV * D + offs_v[None, :] * D + offs_k[:, None]                   # a [B, H, Dv, D] state
-    h = tl.zeros([BLOCK_K, BLOCK_V], dtype=tl.float32)
+    h = tl.zeros([BLOCK_D, BLOCK_DV], dtype=tl.float32)
     if USE_H0:
         h += tl.load(H0 + s_offs, mask=hmask, other=0.0).to(tl.float32)
     for s in range(0, NS):
@@ -92,16 +94,17 @@ def _segment_scan_kernel(DS, H0, NS, D, DV, BLOCK_K: tl.constexpr, BLOCK_V: tl.c
 def _segment_output_kernel(Q, K, V, STARTS, O, HT,
                            stride_sbh, stride_ss, stride_sd, stride_sv,
                            T, D, DV, NT, SEG, scale,
-                           CHUNK: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr,
+                           CHUNK: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
                            USE_START: tl.constexpr, STORE_HT: tl.constexpr, IO: tl.constexpr, WIDE: tl.constexpr):
+    chunk_invariants(CHUNK, BLOCK_D, BLOCK_DV)
     s = tl.program_id(1)
     bh = tl.program_id(2).to(tl.int64)
     offs_d = tl.arange(0, BLOCK_D)
-    offs_v = tl.program_id(0) * BLOCK_V + tl.arange(0, BLOCK_V)
+    offs_v = tl.program_id(0) * BLOCK_DV + tl.arange(0, BLOCK_DV)
     hmask = (offs_d < D)[:, None] & (offs_v < DV)[None, :]
     offs_c = tl.arange(0, CHUNK)
     causal = offs_c[:, None] >= offs_c[None, :]
-    h = tl.zeros([BLOCK_D, BLOCK_V], dtype=tl.float32)
+    h = tl.zeros([BLOCK_D, BLOCK_DV], dtype=tl.float32)
     if USE_START:
         h += tl.load(STARTS + bh * stride_sbh + s * stride_ss + offs_d[:, None] * stride_sd
                      + offs_v[None, :] * stride_sv, mask=hmask, other=0.0).to(tl.float32)
@@ -113,21 +116,33 @@ def _segment_output_kernel(Q, K, V, STARTS, O, HT,
         q = load_chunk(Q, bh, T, t, offs_d, D, kd)
         k = load_chunk(K, bh, T, t, offs_d, D, kd)
         v = load_chunk(V, bh, T, t, offs_v, DV, kv)
+        # Only v's finite part enters the products (chunk_o.py: 0 * NaN above the diagonal); the rows from a
+        # column's first bad value on, and the state's column from then on, are set NaN instead, on the rare
+        # branch: one v tile live, and no mark on the common path -- this program is at the register limit
+        # (sm_80, D = 128, fp16, BLOCK_DV 64 with 8 warps: 255 registers before any of it).
+        bad = first_nonfinite(v)
+        any_bad = tl.min(bad, axis=0) < CHUNK
+        if any_bad:
+            v = finite_part(v)
         scores = tl.where(causal, dot(q, tl.trans(k), IO), 0.0)                   # Q K^T . M
         o = dot(q, h, WIDE) + dot(scores, v, WIDE)
+        if any_bad:
+            o = tl.where(offs_c[:, None] >= bad[None, :], float("nan"), o)
         store_chunk(O, (o * scale).to(O.dtype.element_ty), bh, T, t, offs_v, DV, kv)
         h += dot(tl.trans(k), v, IO)                                               # h <- h + K^T V
+        if any_bad:
+            h = tl.where(bad[None, :] < CHUNK, float("nan"), h)
     if STORE_HT:
         if s == tl.num_programs(1) - 1:
             tl.store(HT + bh * DV * D + offs_v[None, :] * D + offs_d[:, None], h, mask=hmask)
 
 
 # ----------------------------------------------------------------------------- tiles and autotuning
-# Candidates; the last is the small fallback. The output program holds a [D, BLOCK_V] float32 state,
-# a [CHUNK, CHUNK] score tile and a [CHUNK, BLOCK_V] output tile; it streams q, k [CHUNK, D] and v.
-OUTPUT_CONFIGS = [triton.Config({"BLOCK_V": bv}, num_warps=w, num_stages=s) for bv, w, s in
+# Candidates; the last is the small fallback. The output program holds a [D, BLOCK_DV] float32 state,
+# a [CHUNK, CHUNK] score tile and a [CHUNK, BLOCK_DV] output tile; it streams q, k [CHUNK, D] and v.
+OUTPUT_CONFIGS = [triton.Config({"BLOCK_DV": bv}, num_warps=w, num_stages=s) for bv, w, s in
                   [(64, 8, 2), (64, 4, 2), (32, 4, 2), (32, 8, 2), (128, 8, 2), (32, 8, 1)]]
-SUM_CONFIGS = [triton.Config({"BLOCK_K": bk, "BLOCK_V": bv}, num_warps=w, num_stages=s) for bk, bv, w, s in
+SUM_CONFIGS = [triton.Config({"BLOCK_D": bk, "BLOCK_DV": bv}, num_warps=w, num_stages=s) for bk, bv, w, s in
                [(64, 64, 4, 3), (128, 64, 8, 3), (64, 64, 4, 2), (32, 32, 4, 1)]]
 # Measured spills, {target family: {launch.config_key: narrowest head block that spilled}}, one table per
 # autotuned launch (scripts/kernel_report.py compiles every candidate for sm_80, sm_89 and sm_90).
@@ -143,12 +158,12 @@ MIN_SEGMENT_CHUNKS = 16      # a segment's state (written, scanned, read: 3 x 4 
 
 
 def _output_smem(cfg, args):
-    bd, bv, c, es = args["BLOCK_D"], cfg.kwargs["BLOCK_V"], args["CHUNK"], args["Q"].element_size()
+    bd, bv, c, es = args["BLOCK_D"], cfg.kwargs["BLOCK_DV"], args["CHUNK"], args["Q"].element_size()
     return max(cfg.num_stages, 1) * c * (2 * bd + bv) * es + bd * bv * 2 + c * c * 4
 
 
 def _sum_smem(cfg, args):
-    bk, bv, c, es = cfg.kwargs["BLOCK_K"], cfg.kwargs["BLOCK_V"], args["CHUNK"], args["K"].element_size()
+    bk, bv, c, es = cfg.kwargs["BLOCK_D"], cfg.kwargs["BLOCK_DV"], args["CHUNK"], args["K"].element_size()
     return max(cfg.num_stages, 1) * c * (bk + bv) * es
 
 
@@ -157,8 +172,9 @@ def _width(args):
 
 
 _output = autotuned(_segment_output_kernel, OUTPUT_CONFIGS, ["D", "DV", "CHUNK", "USE_START"],
-                    pruner(_output_smem, OUTPUT_SPILLS, _width, "Q"))
-_sum = autotuned(_segment_sum_kernel, SUM_CONFIGS, ["D", "DV", "CHUNK"], pruner(_sum_smem, SUM_SPILLS, _width, "K"))
+                    pruner(_output_smem, OUTPUT_SPILLS, _width, "Q"), name="segments._output")
+_sum = autotuned(_segment_sum_kernel, SUM_CONFIGS, ["D", "DV", "CHUNK"], pruner(_sum_smem, SUM_SPILLS, _width, "K"),
+                 name="segments._sum")
 
 
 def segment_count(T: int, chunk: int, BH: int, DV: int, device: torch.device) -> int:
@@ -197,15 +213,15 @@ def linear_segments_forward(q, k, v, initial_state=None, *, scale: float, chunk_
         starts, strides = h0, (DV * D, 0, 1, D)                       # the initial state, [Dv, D] per head
     else:
         starts = torch.empty(B, H, NS, D, DV, device=dev, dtype=torch.float32)
-        sum_tiles = interpret_config(SUM_CONFIGS, BLOCK_K=head_block(D), BLOCK_V=head_block(DV))
-        _sum[lambda m: (triton.cdiv(D, m["BLOCK_K"]) * triton.cdiv(DV, m["BLOCK_V"]), NS, B * H)](
+        sum_tiles = interpret_config(SUM_CONFIGS, BLOCK_D=head_block(D), BLOCK_DV=head_block(DV))
+        _sum[lambda m: (triton.cdiv(D, m["BLOCK_D"]) * triton.cdiv(DV, m["BLOCK_DV"]), NS, B * H)](
             k, v, starts, T, D, DV, NT, SEG, CHUNK=chunk_size, IO=io, **sum_tiles)
         BK, BV = min(64, head_block(D)), min(64, head_block(DV))
         _segment_scan_kernel[(triton.cdiv(D, BK) * triton.cdiv(DV, BV), B * H)](
-            starts, h0, NS, D, DV, BLOCK_K=BK, BLOCK_V=BV, USE_H0=h0 is not None)
+            starts, h0, NS, D, DV, BLOCK_D=BK, BLOCK_DV=BV, USE_H0=h0 is not None)
         strides = (NS * D * DV, D * DV, DV, 1)
-    tiles = interpret_config(OUTPUT_CONFIGS, BLOCK_V=block_v or head_block(DV))
-    _output[lambda m: (triton.cdiv(DV, m["BLOCK_V"]), NS, B * H)](
+    tiles = interpret_config(OUTPUT_CONFIGS, BLOCK_DV=block_v or head_block(DV))
+    _output[lambda m: (triton.cdiv(DV, m["BLOCK_DV"]), NS, B * H)](
         q, k, v, starts, o, S, *strides, T, D, DV, NT, SEG, float(scale),
         CHUNK=chunk_size, BLOCK_D=head_block(D), USE_START=starts is not None, STORE_HT=output_final_state,
         IO=io, WIDE=wide, **tiles)

@@ -18,8 +18,8 @@ or an unselected key is never read, whatever ``k`` or ``v`` hold there), scores 
 invalid slots, by ``tl.where`` before anything is multiplied with them) and folds them into the
 running max, sum and value sum of the online softmax (base 2, as ``common/online_softmax.py``).
 It writes ``o`` and the natural-log ``lse`` (float32). A NaN or inf inside ``S_t`` makes row ``t`` NaN,
-as in the reference; a row with no valid slot (never produced by the selection) gets ``o = 0`` and
-``lse = -inf``.
+as in the reference -- a row whose selected logits are all ``-inf`` too (``o`` NaN, ``lse = -inf``); a
+row with no valid slot (never produced by the selection) is empty: ``o = 0`` and ``lse = -inf``.
 
 Backward -- grid ``(Tq, B * H)``, one kernel. With ``P = exp(s - lse)`` recomputed from the saved LSE,
 ``dP = dO . v_s`` and ``delta_t = dO_t . o_t - dlse_t`` (``online_softmax.backward_delta``),
@@ -48,7 +48,6 @@ import torch
 import triton
 import triton.language as tl
 
-from ..._backend import INTERPRET
 from ..common import launch
 from ..common.online_softmax import LN2, LOG2E, backward_delta
 
@@ -94,6 +93,7 @@ def _topk_attn_fwd_kernel(Q, K, V, IDX, O, LSE,
 
     m_i = tl.max(tl.full([BLOCK_N], float("-inf"), dtype=tl.float32), 0)    # scalars: max, sum; no key yet
     l_i = tl.sum(tl.zeros([BLOCK_N], dtype=tl.float32), 0)
+    n_keys = tl.sum(tl.zeros([BLOCK_N], dtype=tl.int32), 0)                   # valid slots seen
     acc = tl.zeros([BLOCK_DV], dtype=tl.float32)
     for start in range(0, N_SEL, BLOCK_N):
         idx, valid = _slots(IDX_row, stride_is, start, offs_n, N_SEL, T_K)
@@ -107,12 +107,17 @@ def _topk_attn_fwd_kernel(Q, K, V, IDX, O, LSE,
         l_i = l_i * alpha + tl.sum(p, 0)
         acc = acc * alpha + tl.sum(p[:, None] * v, 0)
         m_i = m_new
+        n_keys += tl.sum(valid.to(tl.int32), 0)
 
+    # l = 0: no valid slot (empty: o = 0) or every selected logit -inf from a non-finite input (o NaN,
+    # inf - inf as in the definition); lse = -inf either way, +inf with a +inf logit.
     empty = l_i == 0.0
     l_safe = tl.where(empty, 1.0, l_i)
+    o = tl.where(empty & (n_keys > 0), float("nan"), acc / l_safe)
+    lse = tl.where(empty, float("-inf"), (m_i + tl.log2(l_safe)) * LN2)
     tl.store(O + b * stride_ob + h * stride_oh + t * stride_ot + offs_dv * stride_od,
-             (acc / l_safe).to(O.dtype.element_ty), mask=offs_dv < DV)
-    tl.store(LSE + pid_bh * T_Q + t, tl.where(empty, float("-inf"), (m_i + tl.log2(l_safe)) * LN2))
+             o.to(O.dtype.element_ty), mask=offs_dv < DV)
+    tl.store(LSE + pid_bh * T_Q + t, tl.where(m_i == float("inf"), float("inf"), lse))
 
 
 @triton.jit
@@ -174,17 +179,17 @@ NUM_WARPS = 8               # both kernels (with 4, ptxas spilled 4 B in the bf1
 
 
 def slot_block(n: int, D: int, Dv: int) -> int:
-    """``BLOCK_N``: slots per step (see the module docstring)."""
-    if INTERPRET:
-        return INTERPRET_SLOTS
+    """``BLOCK_N`` on a GPU: slots per step (see the module docstring)."""
     width = max(launch.head_block(D), launch.head_block(Dv))
     return max(16, min(GATHER_ELEMENTS // width, MAX_SLOTS, triton.next_power_of_2(max(n, 1))))
 
 
 def _tiles(q, v, n: int) -> dict:
     D, DV = q.shape[3], v.shape[3]
-    return dict(BLOCK_N=slot_block(n, D, DV), BLOCK_D=launch.head_block(D), BLOCK_DV=launch.head_block(DV),
-                num_warps=NUM_WARPS)
+    # One candidate (the slot block fixes nothing but the step): launch.choose, as every launch.
+    slots = launch.choose([triton.Config({"BLOCK_N": slot_block(n, D, DV)}, num_warps=NUM_WARPS)], {}, q.device,
+                          interpret=dict(BLOCK_N=INTERPRET_SLOTS))
+    return dict(slots, BLOCK_D=launch.head_block(D), BLOCK_DV=launch.head_block(DV), num_warps=NUM_WARPS)
 
 
 def topk_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, indices: torch.Tensor, *,

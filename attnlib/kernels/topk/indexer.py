@@ -52,7 +52,6 @@ import torch
 import triton
 import triton.language as tl
 
-from ..._backend import INTERPRET
 from ..common import launch
 from ..common.precision import dot, io_dtype, wide_dtype
 
@@ -199,17 +198,13 @@ def tiles_smem(bm: int, bn: int, block_d: int, elem: int) -> int:
 
 def fit(block_d: int, elem: int, device: torch.device, *, backward: bool = False) -> tuple[int, int]:
     """``(BLOCK_M, BLOCK_N)``: :func:`gpu_tile` square (16 under the interpreter), the wider halved until
-    :func:`tiles_smem` fits ``device`` (never below 16, ``tl.dot``'s minimum)."""
-    if INTERPRET:
-        return INTERPRET_TILE, INTERPRET_TILE
-    bm = bn = gpu_tile(block_d, elem, backward)
-    limit = launch.shared_memory_limit(device)
-    while max(bm, bn) > launch.MIN_DOT and tiles_smem(bm, bn, block_d, elem) > limit:
-        if bn >= bm:
-            bn //= 2
-        else:
-            bm //= 2
-    return bm, bn
+    :func:`tiles_smem` fits ``device`` (never below 16, ``tl.dot``'s minimum) -- candidates chosen by
+    ``launch.choose``, the rule every launch follows."""
+    g = gpu_tile(block_d, elem, backward)
+    tiles = launch.choose(launch.halvings(g, g, first="N", num_stages=STAGES), {}, device,
+                          smem=lambda cfg, _: tiles_smem(cfg.kwargs["BLOCK_M"], cfg.kwargs["BLOCK_N"], block_d, elem),
+                          interpret=dict(BLOCK_M=INTERPRET_TILE, BLOCK_N=INTERPRET_TILE))
+    return tiles["BLOCK_M"], tiles["BLOCK_N"]
 
 
 def _warps(bm: int, bn: int, block_d: int, backward: bool) -> int:

@@ -1,6 +1,6 @@
 """What every lab notebook's first cells need: seeds, device, quick/full scale, figure rendering.
 
-    from attnlib.lab import setup
+    from attnlib.experiments.lab import setup
     lab = setup(seed=0)          # lab.device, lab.quick, lab.scale(small, large), lab.triton_kernels
     lab.check("Newton's method lands on softmax", err < 1e-8, f"max error {err:.1e}")  # ✓ on the page
 
@@ -287,6 +287,6 @@ def _kernels_run_on(device: torch.device) -> bool:
     """Whether ``backend="auto"`` takes the Triton kernels on ``device`` (the library's one rule: a CUDA
     GPU of capability 8.0 or newer, with triton installed). On a T4 it does not: the labs then check
     the kernels through Triton's interpreter, or say that they did not."""
-    from ._backend import cuda_capability, too_old, triton_installed
+    from .._backend import cuda_capability, too_old, triton_installed
 
     return device.type == "cuda" and triton_installed() and too_old(cuda_capability(device)) is None

@@ -29,6 +29,8 @@ norm_screen         band + the ``c`` largest-norm keys (reads the vectors)    eq
 
 ``ALGORITHMS[name](T=..., d=..., seed=...)`` builds one; ``attack(algo, M=...)`` builds the input that
 defeats it and ``row_error(algo, case)`` measures the L1 distance on the planted row.
+The chapter's figures (:mod:`attnlib.widgets.needle`) draw what :func:`probe_maps`, :func:`rows_vs_M` and
+:func:`needle_maps` return; :func:`probe_map_at` computes the live explorer's steps.
 
 Work is counted in *score equivalents*: one exact score ``q_i . k_j`` (``d`` multiply-adds) is one unit;
 the indexer's, hash's and features' arithmetic is converted at ``d`` multiply-adds per unit. Exact
@@ -38,13 +40,16 @@ attention costs ``T^2``.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
-from . import _validate
-from .attention import softmax_attention_reference
-from .sparse import block_sparse_attention, expand_block_mask, n_blocks
+from .. import _validate
+from ..attention import softmax_attention_reference
+from ..linear import FavorPlus
+from ..sparse import block_sparse_attention, expand_block_mask, n_blocks
 
 _ACC = torch.float64     # the algorithms' internal precision: they are models, not fast paths
 
@@ -147,7 +152,7 @@ def plant(T: int, d: int, i: int, j: int, M: float, *, scale: float | None = Non
 def exact_rows(case: Case) -> torch.Tensor:
     """The exact attention matrix ``softmax(scale * q k^T)`` of a case, ``[T, T]`` float64."""
     o = softmax_attention_reference(case.q.double(), case.k.double(), case.v.double(),
-                                    scale=case.scale)[0]
+                                    scale=case.scale, causal=False)[0]
     return o[0, 0]
 
 
@@ -409,7 +414,7 @@ class IndexerTopK(Algorithm):
             bm = torch.stack([self.block_mask(q[b, h], k[b, h]) for h in range(q.shape[1])]).to(q.device)
             out.append(block_sparse_attention(q[b:b + 1], k[b:b + 1], v[b:b + 1], bm,
                                               block_size=self.block_size, scale=self.scale,
-                                              backend=self.backend))
+                                              causal=False, backend=self.backend))
         return torch.cat(out) if out else torch.zeros_like(v)
 
     def work(self) -> float:
@@ -532,15 +537,18 @@ class Performer(Algorithm):
     def __init__(self, *, T, d, seed=0, n_features: int = 64):
         super().__init__(T=T, d=d, seed=seed)
         self.m = _validate.check_int("n_features", n_features, lo=1)
-        g = torch.Generator().manual_seed(seed)
-        self.W = torch.randn(self.m, d, generator=g, dtype=_ACC)
+        # The library's FAVOR+ draws the features: i.i.d. rows, the plain estimator whose variance the
+        # needle exploits. Its __call__ exponentiates directly, which overflows at the needle's scores
+        # (M up to 1e4), so attend evaluates the same features in log space from its weights.
+        self.features = FavorPlus(d, num_features=self.m, seed=seed, orthogonal=False)
 
     def attend(self, q, k, v):
         self._check_inputs(q, k, v)
         x = q.to(_ACC) * math.sqrt(self.scale)
         y = k.to(_ACC) * math.sqrt(self.scale)
-        lq = x @ self.W.T - 0.5 * (x * x).sum(-1, keepdim=True)                  # [B, H, T, m]
-        lk = y @ self.W.T - 0.5 * (y * y).sum(-1, keepdim=True)
+        W = self.features.weight                                                 # [m, d], float64
+        lq = x @ W.T - 0.5 * (x * x).sum(-1, keepdim=True)                       # [B, H, T, m]
+        lk = y @ W.T - 0.5 * (y * y).sum(-1, keepdim=True)
         lq = lq - lq.amax(-1, keepdim=True)
         lk = lk - lk.amax(dim=(-2, -1), keepdim=True)
         fq, fk = lq.exp(), lk.exp()
@@ -697,11 +705,141 @@ def bounded_case(T: int, d: int, beta: float, *, seed: int = 0, dtype=torch.floa
 def output_error(algo: Algorithm, q, k, v) -> float:
     """``max_{i, l} |o_il - exact_il|``: the entrywise error that Alman & Song bound."""
     _validate.check_qkv(q, k, v)                      # before the reference: its errors name no argument
-    exact = softmax_attention_reference(q.double(), k.double(), v.double(), scale=algo.scale)[0]
+    exact = softmax_attention_reference(q.double(), k.double(), v.double(), scale=algo.scale, causal=False)[0]
     return float((algo.attend(q, k, v).double() - exact).abs().max())
 
 
-__all__ = ["ALGORITHMS", "Algorithm", "Case", "IndexerTopK", "LSHBuckets", "Linformer", "NormScreen",
-           "Performer", "RandomKeys", "SlidingWindow", "Strided", "algorithm_rows", "attack", "bounded_case",
-           "exact_rows", "make", "needle_mass", "output_error", "plant", "row_error",
-           "uniform_miss_error"]
+# ---------------------------------------------------------------------------------------------
+# What the chapter's figures draw (attnlib.widgets.needle draws these; it computes nothing)
+# ---------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class PlantedRow:
+    """One algorithm against its own adversarial input with a needle of score ``M``: the planted row
+    ``i`` (needle at key ``j``) of exact attention and of the algorithm (``[T]`` float64 each), their
+    L1 distance and the exact row's mass on the needle, ``needle_mass(T, M)``."""
+    name: str
+    kind: str
+    T: int
+    i: int
+    j: int
+    M: float
+    exact: np.ndarray
+    got: np.ndarray
+    error: float
+    needle_mass: float
+
+
+@dataclass(frozen=True)
+class ProbeMap(PlantedRow):
+    """A :class:`PlantedRow` with the algorithm's probe map on that input: ``probes [T, T]`` uint8, 1
+    where it computed the exact score (query rows, key columns); ``n_probes`` and ``probe_fraction``
+    count them, both None for an algorithm that computes no exact score (features, low rank: the map
+    is all 0)."""
+    probes: np.ndarray
+    n_probes: int | None
+    probe_fraction: float | None
+
+
+@dataclass(frozen=True)
+class NeedleMap:
+    """What one algorithm computes on its own adversarial input, beside the exact plan: ``exact`` and
+    ``got`` ``[T, T]`` float32 (row ``t``: the distribution over keys for query ``t``; float32 since a
+    figure stores them), the L1 error on row ``i`` (from the float64 rows), and where row ``i``'s mass
+    goes, ``(exact, algorithm)`` each: onto the needle's key ``j`` and onto the other keys."""
+    name: str
+    T: int
+    i: int
+    j: int
+    M: float
+    exact: np.ndarray
+    got: np.ndarray
+    error: float
+    on_needle: tuple[float, float]
+    elsewhere: tuple[float, float]
+
+
+def _planted_row(algo: Algorithm, case: Case, M: float) -> dict:
+    exact = exact_rows(case)[case.i].numpy()
+    got = algo.attend(case.q, case.k, case.v)[0, 0, case.i].double().numpy()
+    return dict(name=algo.name, kind=algo.kind, T=case.T, i=case.i, j=case.j, M=M, exact=exact, got=got,
+                error=float(np.abs(exact - got).sum()), needle_mass=needle_mass(case.T, M))
+
+
+def planted_row(algo: Algorithm, M: float = 80.0) -> PlantedRow:
+    """The planted row of ``algo`` on :func:`attack` ``(algo, M)``: exact against the algorithm's."""
+    M = _check_M(M)
+    return PlantedRow(**_planted_row(algo, attack(algo, M=M), M))
+
+
+def rows_vs_M(algo: Algorithm, M_values) -> list[PlantedRow]:
+    """:func:`planted_row` of one algorithm at every needle score in ``M_values`` (at least one)."""
+    Ms = [_check_M(m) for m in M_values]
+    if not Ms:
+        raise ValueError("M_values must hold at least one value")
+    return [planted_row(algo, M) for M in Ms]
+
+
+def probe_map(algo: Algorithm, M: float = 80.0) -> ProbeMap:
+    """:func:`planted_row` with the algorithm's probe map on the same adversarial input."""
+    M = _check_M(M)
+    case = attack(algo, M=M)
+    p = algo.probes(case.q, case.k)
+    if p is None:
+        probes, n, frac = np.zeros((case.T, case.T), dtype=np.uint8), None, None
+    else:
+        probes, n, frac = p.numpy().astype(np.uint8), int(p.sum()), p.float().mean().item()
+    return ProbeMap(**_planted_row(algo, case, M), probes=probes, n_probes=n, probe_fraction=frac)
+
+
+def _algorithms(algos) -> list:
+    algos = list(algos)
+    if not algos:
+        raise ValueError("algos must hold at least one algorithm")
+    return algos
+
+
+def probe_maps(algos, M: float = 80.0) -> list[ProbeMap]:
+    """:func:`probe_map` of every algorithm in ``algos`` (at least one), each on its own adversarial input."""
+    return [probe_map(algo, M) for algo in _algorithms(algos)]
+
+
+def probe_map_at(*, d: int = 16, seed: int = 0) -> Callable[[str, int, float], ProbeMap]:
+    """A function ``(name, T, M) -> ProbeMap`` for a live explorer: it builds each ``(name, T)`` algorithm
+    once (``make(name, T=T, d=d, seed=seed)``) and keeps it, so that moving ``M`` only re-attacks it."""
+    cache: dict[tuple[str, int], Algorithm] = {}
+
+    def at(name: str, T: int, M: float) -> ProbeMap:
+        if (name, T) not in cache:
+            cache[name, T] = make(name, T=T, d=d, seed=seed)
+        return probe_map(cache[name, T], M)
+    return at
+
+
+def needle_map(algo: Algorithm, M: float = 80.0) -> NeedleMap:
+    """Exact attention and the algorithm's rows on :func:`attack` ``(algo, M)``, whole ``[T, T]`` maps."""
+    M = _check_M(M)
+    case = attack(algo, M=M)
+    exact, got = exact_rows(case).numpy(), algorithm_rows(algo, case).numpy()
+    err = float(np.abs(exact[case.i] - got[case.i]).sum())
+    exact, got = exact.astype(np.float32), got.astype(np.float32)
+    on_j = (float(exact[case.i, case.j]), float(got[case.i, case.j]))
+    rest = (float(exact[case.i].sum()) - on_j[0], float(got[case.i].sum()) - on_j[1])
+    return NeedleMap(algo.name, case.T, case.i, case.j, case.M, exact, got, err, on_j, rest)
+
+
+def needle_maps(algos, M: float = 80.0) -> list[NeedleMap]:
+    """:func:`needle_map` of every algorithm in ``algos`` (at least one, all with one ``T``). Keep ``T``
+    small (the lab takes 56): each holds two ``T x T`` maps."""
+    algos = _algorithms(algos)
+    T = algos[0].T
+    if any(a.T != T for a in algos):
+        raise ValueError(f"the algorithms must share one T; got {[a.T for a in algos]}")
+    return [needle_map(algo, M) for algo in algos]
+
+
+__all__ = ["ALGORITHMS", "Algorithm", "Case", "IndexerTopK", "LSHBuckets", "Linformer", "NeedleMap", "NormScreen",
+           "Performer", "PlantedRow", "ProbeMap", "RandomKeys", "SlidingWindow", "Strided", "algorithm_rows",
+           "attack", "bounded_case", "exact_rows", "make", "needle_map", "needle_maps", "needle_mass",
+           "output_error", "plant", "planted_row", "probe_map", "probe_map_at", "probe_maps", "row_error",
+           "rows_vs_M", "uniform_miss_error"]
