@@ -23,3 +23,18 @@ def inputs_fingerprint() -> str:
                           capture_output=True, text=True, env=compile_env(), cwd=ROOT, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return proc.stdout.strip()
+
+
+# The one launch allowed to spill, measured and kept on purpose: on sm_89 (L4; the sm_86 parts read the same
+# table) every candidate of the gated delta rule's WY backward spills 24-80 B since it keeps a non-finite
+# k, beta, g or v out of the rows that never read it (kernels/delta/wy.py); the candidates that fit before
+# were already pruned there. Spill bytes go through L1; correctness over a few cached loads, until a tiling
+# that fits both is found on a GPU.
+KNOWN_SPILL_BYTES = {("sm_89", "_wy_bwd_kernel", "GATED"): 96}
+
+
+def known_spill(target: str, kernel: str, flags, spilled: int) -> bool:
+    """Whether a launch's spill is the known one above, within its measured bound."""
+    target = target if str(target).startswith("sm_") else f"sm_{target}"
+    return any(target == t and kernel == k and flag in flags and spilled <= cap
+               for (t, k, flag), cap in KNOWN_SPILL_BYTES.items())

@@ -193,7 +193,7 @@ def test_bad_inputs_raise_clear_errors():
     with pytest.raises(ValueError, match=r"seed must be in \[0, 18446744073709551615\]; got -1"):
         anna_attention(q, k, v, seed=-1, **ok)
     with pytest.raises(ValueError, match="as many queries as keys"):
-        anna_attention(q, k[:, :, :5], v[:, :, :5], causal=True, **ok)
+        anna_attention(q, k[:, :, :5], v[:, :, :5], **{**ok, "causal": True})
     with pytest.raises(ValueError, match="k has shape"):
         anna_attention(q, k[..., :3], v, **ok)
     with pytest.raises(ValueError, match="v has shape"):

@@ -23,6 +23,19 @@ SLIDER_PX = 110              # height the slider takes under the plot: padding, 
 LEGEND_ROW_PX = 22
 
 
+def check_steps(name: str, steps: Sequence, kind: type, *, what: str = "") -> list:
+    """``steps`` as a list of ``kind`` (the data an ``experiments`` function returns for each slider step):
+    a figure draws what it is given, so a figure handed anything else -- an op, a model -- fails here,
+    naming the argument. ``what`` says what one step is, for the error."""
+    steps = list(steps)
+    if not steps:
+        raise ValueError(f"{name} must hold at least one slider step{f' ({what})' if what else ''}")
+    for n, st in enumerate(steps):
+        if not isinstance(st, kind):
+            raise TypeError(f"{name}[{n}] must be an {kind.__module__}.{kind.__name__}; got {type(st).__name__}")
+    return steps
+
+
 def label_fits(label: str, n_steps: int, *, width: float = DESKTOP_SLIDER_PX) -> bool:
     """Whether a step label of this length is drawn (not skipped) on a slider of ``width`` pixels with
     ``n_steps`` steps: each label gets ``width / n_steps`` pixels (the longest line of a ``<br>`` label)."""

@@ -15,7 +15,7 @@ import plotly.graph_objects as go
 
 from ..experiments.anna import AnnaPlan, PlanStats
 from ._plan import plan_frame_traces, plan_pair_figure
-from ._slider import add_frame_slider
+from ._slider import add_frame_slider, check_steps
 from ._style import colour
 
 
@@ -34,12 +34,7 @@ def anna_plan_figure(plans: Sequence[AnnaPlan], *, active: int = 0) -> go.Figure
     per :class:`~attnlib.experiments.anna.AnnaPlan` (:func:`attnlib.experiments.anna.anna_plans`, one per
     ``(l, z)``). Bars: row sums (right of each map) and column sums (below). Rows of ANNA's plan sum to
     1 or to 0 (a query that collided with nothing ships no mass)."""
-    plans = list(plans)
-    if not plans:
-        raise ValueError("plans must hold at least one slider step (one per (n_tables, n_bits) pair)")
-    for i, pl in enumerate(plans):
-        if not isinstance(pl, AnnaPlan):
-            raise TypeError(f"plans[{i}] must be an attnlib.experiments.anna.AnnaPlan; got {type(pl).__name__}")
+    plans = check_steps("plans", plans, AnnaPlan, what="one per (n_tables, n_bits) pair")
     frames = [go.Frame(data=plan_frame_traces(pl.softmax) + plan_frame_traces(pl.anna), name=f"lz{i}",
                        traces=list(range(6)), layout=go.Layout(title_text=_title(pl))) for i, pl in enumerate(plans)]
     shown = plans[active]

@@ -17,7 +17,7 @@ from plotly.subplots import make_subplots
 from .. import _validate
 from ..experiments.eot import AttentionMap, PlanPair
 from ._plan import plan_frame_traces, plan_pair_figure, plan_traces
-from ._slider import add_frame_slider
+from ._slider import add_frame_slider, check_steps
 from ._style import PLAN_SCALE, SIGNED_SCALE, wrap
 
 
@@ -27,16 +27,6 @@ def _title(pair: PlanPair) -> str:
     return (f"Transport plans at temperature ε = {pair.eps:.3g}<br><sup>one-sided (softmax): {stats(0)}<br>"
             f"two-sided (Sinkhorn): {stats(1)}</sup>")
 
-
-def _check_steps(name: str, steps: Sequence, kind: type) -> list:
-    steps = list(steps)
-    if not steps:
-        raise ValueError(f"{name} must hold at least one slider step")
-    for i, st in enumerate(steps):
-        if not isinstance(st, kind):
-            raise TypeError(f"{name}[{i}] must be an attnlib.experiments.eot.{kind.__name__}; "
-                            f"got {type(st).__name__}")
-    return steps
 
 
 def transport_plan_figure(plans: Sequence[PlanPair], *, active: int | None = None) -> go.Figure:
@@ -48,7 +38,7 @@ def transport_plan_figure(plans: Sequence[PlanPair], *, active: int | None = Non
     ``b``, by default ``Nq/Nk`` each). Bars: row sums (red, right of each map) and column sums
     (green, below). The title reports entropy and objective ``<P, C> - ε H(P)``.
     """
-    plans = _check_steps("plans", plans, PlanPair)
+    plans = check_steps("plans", plans, PlanPair)
     shape = tuple(plans[0].one_sided.shape)
     for i, pp in enumerate(plans):
         if tuple(pp.one_sided.shape) != shape or tuple(pp.two_sided.shape) != shape:
@@ -72,7 +62,7 @@ def attention_map_figure(maps: Sequence[AttentionMap], *, active: int | None = N
     """Attention weights ``softmax(q k^T / τ)`` for one head, one slider step per
     :class:`~attnlib.experiments.eot.AttentionMap` (:func:`attnlib.experiments.eot.attention_maps`), with a
     causal on/off menu when the maps have a causal form -- all precomputed, so it works in a static page."""
-    maps = _check_steps("maps", maps, AttentionMap)
+    maps = check_steps("maps", maps, AttentionMap)
     active = len(maps) // 2 if active is None else active
     causal_ok = all(m.causal is not None for m in maps)
     Tq, Tk = maps[0].full.shape

@@ -20,7 +20,7 @@ from plotly.subplots import make_subplots
 
 from ..experiments.grassmann import PairPlane, PlaneR3, PluckerFeatureMap
 from ..grassmann import pair_indices
-from ._slider import add_frame_slider
+from ._slider import add_frame_slider, check_steps
 from ._style import COLORWAY, SIGNED_SCALE, wrap
 
 COLORS = COLORWAY
@@ -83,13 +83,7 @@ def features_figure(maps: Sequence[PluckerFeatureMap]) -> go.Figure:
     ``maps``: :func:`attnlib.experiments.grassmann.plucker_feature_maps` of one sequence (one
     :class:`~attnlib.experiments.grassmann.PluckerFeatureMap` per step).
     """
-    maps = list(maps)
-    if not maps:
-        raise ValueError("maps must hold at least one slider step (one per (r, delta))")
-    for n, fm in enumerate(maps):
-        if not isinstance(fm, PluckerFeatureMap):
-            raise TypeError(f"maps[{n}] must be an attnlib.experiments.grassmann.PluckerFeatureMap; "
-                            f"got {type(fm).__name__}")
+    maps = check_steps("maps", maps, PluckerFeatureMap, what="one per (r, delta)")
     frames, labels = [], []
     for fm in maps:
         cols = [f"({a},{b})" for a, b in fm.pairs]

@@ -15,7 +15,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from ..experiments.needle import ALGORITHMS, NeedleMap, PlantedRow, ProbeMap
-from ._slider import add_frame_slider
+from ._slider import add_frame_slider, check_steps
 from ._style import colour, wrap
 
 EXACT_COLOR, ALGO_COLOR, NEEDLE_COLOR = colour(0), colour(1), colour(4)
@@ -25,16 +25,6 @@ def slider_label(name: str) -> str:
     """An algorithm's name as a slider step label: one word per line, so that eight fit side by side."""
     return name.replace("_", "<br>")
 
-
-def _check_steps(name: str, steps: Sequence, kind: type) -> list:
-    steps = list(steps)
-    if not steps:
-        raise ValueError(f"{name} must hold at least one slider step")
-    for n, st in enumerate(steps):
-        if not isinstance(st, kind):
-            raise TypeError(f"{name}[{n}] must be an attnlib.experiments.needle.{kind.__name__}; "
-                            f"got {type(st).__name__}")
-    return steps
 
 
 def _caption(pm: ProbeMap) -> str:
@@ -51,7 +41,7 @@ def probe_map_figure(maps: Sequence[ProbeMap], *, active: int = 0) -> go.Figure:
 
     ``maps``: :func:`attnlib.experiments.needle.probe_maps` (one :class:`~attnlib.experiments.needle.ProbeMap`
     per algorithm)."""
-    maps = _check_steps("maps", maps, ProbeMap)
+    maps = check_steps("maps", maps, ProbeMap)
     fig = make_subplots(rows=1, cols=2, column_widths=[0.5, 0.5], horizontal_spacing=0.12,
                         subplot_titles=("probe map", "planted row i"))
     frames, labels, caps = [], [], []
@@ -87,7 +77,7 @@ def row_vs_M_figure(rows: Sequence[PlantedRow], *, active: int | None = None) ->
 
     ``rows``: :func:`attnlib.experiments.needle.rows_vs_M` (one :class:`~attnlib.experiments.needle.PlantedRow`
     per needle score ``M``)."""
-    rows = _check_steps("rows", rows, PlantedRow)
+    rows = check_steps("rows", rows, PlantedRow)
     active = len(rows) // 2 if active is None else active
     frames, caps = [], []
     for n, row in enumerate(rows):
@@ -203,7 +193,7 @@ def needle_maps_figure(maps: Sequence[NeedleMap], *, active: int = 0) -> go.Figu
     per algorithm, all with one ``T``). Keep ``T`` small (the lab takes 56): every step stores two
     ``T x T`` float32 maps.
     """
-    maps = _check_steps("maps", maps, NeedleMap)
+    maps = check_steps("maps", maps, NeedleMap)
     T = maps[0].T
     if any(m.T != T for m in maps):
         raise ValueError(f"the maps must share one T; got {[m.T for m in maps]}")

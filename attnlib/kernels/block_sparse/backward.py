@@ -127,7 +127,10 @@ def _block_sparse_bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, COUNTS, INDICES,
 def dq_tiles(block_size: int, width: int, device: torch.device) -> tuple[int, int]:
     """``(BLOCK_M, BLOCK_N)`` of the dQ launch (4 warps): 64 query rows against 32-key tiles (halved for
     heads wider than 128). On sm_86/sm_89 at head widths 65..128 the key tiles are 16: with 32, ptxas
-    spilled 12 B there (non-causal; 4 B with 8 warps), with 16 it needs 168-175 registers."""
+    spilled 12 B there (non-causal; 4 B with 8 warps), with 16 it needs 168-175 registers. Wider than 128,
+    16 x 16: 32 x 16 spilled 28 B on sm_90 (causal) once the causal tiles set non-finite operands aside."""
+    if width > 128:
+        return tile(block_size, 16, 128), tile(block_size, 16, 128)
     bn = 16 if launch.target_family(device) == "sm89" and 64 < width <= 128 else 32
     return tile(block_size, 64, width), tile(block_size, bn, width)
 

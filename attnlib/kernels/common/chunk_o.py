@@ -240,7 +240,8 @@ DQK_CONFIGS = [triton.Config({"BLOCK_DV": bv}, num_warps=w, num_stages=s) for bv
 # autotuned launch (scripts/kernel_report.py compiles every candidate for sm_80, sm_89 and sm_90).
 FWD_O_SPILLS = {"sm80": {}, "sm89": {}, "sm90": {}}
 DV_LOCAL_SPILLS = {"sm80": {}, "sm89": {}, "sm90": {}}
-DQK_SPILLS = {"sm80": {(64, 4, 2): 64}, "sm89": {(64, 4, 2): 64}, "sm90": {}}
+DQK_SPILLS = {"sm80": {(64, 4, 2): 64, (32, 8, 2): 64}, "sm89": {(64, 4, 2): 64, (32, 8, 2): 64},
+              "sm90": {(64, 4, 2): 64, (32, 4, 2): 64}}
 # The dq/dk kernel's key tile (``dqk_key_block``), chosen by ``launch.choose`` like every fixed tile: 64,
 # except where it spilled in every DQK candidate at any head (sm_80/sm_89: ``mma.sync`` holds the operands
 # in registers), listed at head block 0 (by its launch.config_key: tile, warps, stages).

@@ -34,9 +34,9 @@ query programs, and contention is only on the popular keys. The price: the summa
 buffers, cast to the inputs' dtype at the end.
 
 Tiles. ``BLOCK_D``, ``BLOCK_DV`` cover the head dims (powers of two, up to 256); ``BLOCK_N`` slots per
-step so that a gathered tile holds at most 4096 elements per operand (64 slots at D <= 64, 32 at 128,
-16 at 256; at most the next power of two of ``n``), over 8 warps: 16 registers per thread for each
-float32 tile (the backward also holds the 64-bit pointer tiles of its two atomic adds). There is no
+step so that a gathered tile holds 2048 elements per operand (32 slots at D <= 64, 16 at 128; at D = 256
+the floor of 16 slots, 4096; at most the next power of two of ``n``), over 8 warps: 8 (16) registers per
+thread for each float32 tile (the backward also holds the 64-bit pointer tiles of its two atomic adds). There is no
 shared-memory tile to size (no product is staged: 0.5-4 KB of reduction scratch), so the same launch
 fits a T4's 64 KB and every larger GPU. Under the interpreter ``BLOCK_N = 4``, so small CPU tests cross
 several slot blocks.
@@ -172,10 +172,11 @@ def _topk_attn_bwd_kernel(Q, K, V, IDX, DO, LSE, DELTA, DQ, DK, DV_OUT,
              (dq * sm_scale).to(DQ.dtype.element_ty), mask=dmask)
 
 
-GATHER_ELEMENTS = 4096      # elements of one gathered [BLOCK_N, BLOCK_D] operand tile (4 warps: 32 per thread)
+GATHER_ELEMENTS = 2048      # elements of one gathered [BLOCK_N, BLOCK_D] operand tile (8 warps: 8 per thread)
 MAX_SLOTS = 128             # slot block cap: a wider block only adds masked lanes for n <= 128
 INTERPRET_SLOTS = 4
-NUM_WARPS = 8               # both kernels (with 4, ptxas spilled 4 B in the bf16 forward at D = 128 on sm_89)
+NUM_WARPS = 8               # both kernels (with 4, ptxas spilled 4 B in the bf16 forward at D = 128 on sm_89;
+                            # with 4096-element tiles, 8 warps spilled 4 B there in fp16)
 
 
 def slot_block(n: int, D: int, Dv: int) -> int:
