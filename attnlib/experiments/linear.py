@@ -22,6 +22,7 @@ from ..attention import softmax_attention
 from ..linear import linear_attention
 from ._measure import count_flops, interleaved_cpu_ms
 from .recall import state_trajectory
+from .weights import single_head
 
 # ---------------------------------------------------------------------------------------------
 # Memory: the KV cache grows, the state does not
@@ -44,10 +45,7 @@ def state_buildup(q, k, v, *, bytes_per_number: int = 2) -> dict:
     outputs the quadratic way, ``(Q K^T . M) V``), ``"t"``, ``"kv_cache_bytes"`` (``t (D + Dv)`` numbers
     of ``bytes_per_number``) and ``"state_bytes"`` (``Dv x D`` in fp32) at each ``t``, and
     ``"bytes_per_number"``}``; tensors in float64."""
-    q, k, v = (torch.as_tensor(x, dtype=torch.float64) for x in (q, k, v))
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        if x.dim() != 2:
-            raise ValueError(f"{name} has shape {tuple(x.shape)}; expected [T, D] (one head)")
+    q, k, v = (single_head(name, x) for name, x in (("q", q), ("k", k), ("v", v)))
     T, D = k.shape
     if q.shape != k.shape or v.shape[0] != T:
         raise ValueError(f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}: expected "

@@ -19,7 +19,8 @@ from ..attention import softmax_attention
 from ..linear import linear_attention
 
 
-def _single_head(name: str, x) -> torch.Tensor:
+def single_head(name: str, x) -> torch.Tensor:
+    """``x`` as a float64 ``[T, D]`` tensor (one head), or a ValueError that says what was expected."""
     x = torch.as_tensor(x)
     if x.dim() != 2:
         raise ValueError(f"{name} has shape {tuple(x.shape)}; expected [T, D] (one head)")
@@ -33,7 +34,7 @@ def _one_hot_values(T: int) -> torch.Tensor:
 def softmax_weights(q, k, *, tau: float = 1.0, causal: bool = False) -> torch.Tensor:
     """``softmax(q k^T / tau)`` row by row (causal: keys ``j <= t``), from
     :func:`attnlib.softmax_attention` (the reference) -- chapter 1's one-sided transport plan."""
-    q, k = _single_head("q", q), _single_head("k", k)
+    q, k = single_head("q", q), single_head("k", k)
     if q.shape[1] != k.shape[1]:
         raise ValueError(f"k has shape {tuple(k.shape)}; expected (*, {q.shape[1]}) to match q")
     o = softmax_attention(q[None, None], k[None, None], _one_hot_values(k.shape[0]), scale=1.0 / tau,
@@ -51,7 +52,7 @@ def linear_attention_weights(q, k, *, feature_map=None, feature_kwargs: dict | N
     ``phi(q_t) . kappa_t``; with the identity map (``feature_map=None``) the rows still sum to one but
     can have negative entries, and are no plan.
     """
-    q, k = _single_head("q", q), _single_head("k", k)
+    q, k = single_head("q", q), single_head("k", k)
     W = linear_attention(q[None, None], k[None, None], _one_hot_values(k.shape[0]), scale=1.0, causal=causal,
                          normalize=normalize, feature_map=feature_map, feature_kwargs=feature_kwargs,
                          mode="parallel")
@@ -62,7 +63,7 @@ def anna_weights(q, k, n_tables: int, n_bits: int, *, seed: int = 0, family: str
     """ANNA's weights with ``l = n_tables`` tables of ``z = n_bits`` hashes, from
     :func:`attnlib.anna_attention` (``return_weights=True``): each row sums to 1, or to 0 for a query
     that collided with no key."""
-    q, k = _single_head("q", q), _single_head("k", k)
+    q, k = single_head("q", q), single_head("k", k)
     v = torch.zeros(1, 1, k.shape[0], 1, dtype=torch.float64)
     _, w = anna_attention(q[None, None], k[None, None], v, n_tables=n_tables, n_bits=n_bits, seed=seed,
                           family=family, return_weights=True, backend="torch", causal=False)

@@ -17,14 +17,6 @@ ROW_SUM_COLOUR, COLUMN_SUM_COLOUR = colour(1), colour(2)
 POSITIONS = [(1, 1), (1, 2), (2, 1), (1, 3), (1, 4), (2, 3)]
 
 
-def as_single_head(name: str, x) -> torch.Tensor:
-    """``x`` as a float64 ``[T, D]`` tensor (one head), or a ValueError that says what was expected."""
-    x = torch.as_tensor(x, dtype=torch.float64)
-    if x.dim() != 2:
-        raise ValueError(f"{name} has shape {tuple(x.shape)}; expected [T, D] (one head)")
-    return x
-
-
 def plan_traces(P: torch.Tensor, show_scale: bool) -> list[go.BaseTraceType]:
     """Heatmap of P, its row sums (horizontal bars) and column sums (vertical bars)."""
     Pn = P.numpy()
