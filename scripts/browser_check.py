@@ -18,7 +18,13 @@ own), and fails a page if
 * it weighs more than ``MAX_PAGE_BYTES``: its HTML plus what it loads from the site beyond the
   scripts and styles all pages share (``SHARED_PREFIXES``);
 * it is a chapter page in ``MECHANISM_MAP_PAGES`` and holds no figure whose ``layout.meta`` has the
-  key ``mechanism_map`` (the chapter's mechanism map, ``fig.update_layout(meta={"mechanism_map": ...})``).
+  key ``mechanism_map`` (the chapter's mechanism map, ``fig.update_layout(meta={"mechanism_map": ...})``);
+* it logs an error to the console (``console.error``), at either width;
+* it scrolls sideways, at a laptop's width (1280 px) or a phone's (390 px, a mobile viewport): the page
+  is wider than the screen;
+* an output box is wider than the text column, or, at 1280 px, a text output (a check line, a printed
+  table) is wider than its box, so that the numbers sit behind a scroll bar;
+* a lab section it quotes, "(lab §n)", is not a link.
 
 Exit code 0 only when every page passes; prints one line per page.
 """
@@ -49,6 +55,8 @@ MECHANISM_MAP_PAGES = (
     "book/07_landscape.html",
 )
 MAX_PAGE_BYTES = 1_500_000
+# (name, viewport, mobile): the widths a reader has; the page must not scroll sideways at either
+WIDTHS = (("1280 px", {"width": 1280, "height": 900}, False), ("390 px", {"width": 390, "height": 844}, True))
 # loaded by every page and cached by the browser: not counted in a page's weight
 SHARED_PREFIXES = ("_static/", "_sphinx_design_static/", "searchindex.js")
 # a TeX control word (\frac, \sum), display or inline delimiters, or a sub/superscript group
@@ -143,13 +151,19 @@ async () => {
   const results = [];
   for (const gd of plots) {
     const sliders = (gd.layout && gd.layout.sliders) || [];
-    if (!sliders.length || !gd._transitionData || !gd._transitionData._frames) continue;
+    if (!sliders.length) continue;
     const steps = sliders[0].steps;
     const snapshot = () => JSON.stringify(gd.data.map(t => [t.z, t.x, t.y]));
     const before = snapshot();
     const target = steps[(sliders[0].active || 0) === steps.length - 1 ? 0 : steps.length - 1];
     try {
-      await window.Plotly.animate(gd, target.args[0], target.args[1]);
+      // a step animates to a frame, or restyles/relayouts/updates the figure in place
+      if (target.method === 'animate') {
+        if (!gd._transitionData || !gd._transitionData._frames) continue;
+        await window.Plotly.animate(gd, target.args[0], target.args[1]);
+      } else {
+        await window.Plotly[target.method](gd, ...target.args);
+      }
     } catch (e) {
       results.push(false);
       continue;
@@ -200,6 +214,80 @@ MAP_PROBE = """
 """
 
 
+# What a reader at this width would have to scroll sideways to see: the page itself, output boxes wider
+# than the text column, text outputs (check lines, printed tables) wider than their box, and "(lab §n)"
+# references left as plain text.
+LAYOUT_PROBE = """
+([textOverflow, references]) => {
+  const doc = document.documentElement;
+  const pageWidth = Math.max(doc.scrollWidth, document.body.scrollWidth);
+  const article = document.querySelector('article.bd-article') || document.querySelector('main');
+  const column = article ? article.getBoundingClientRect() : {left: 0, right: window.innerWidth};
+  const describe = el => (el.innerText || '').trim().split('\\n')[0].slice(0, 70);
+  // a box that scrolls sideways inside the column is fine: what is wider than the column within it
+  // is reached by scrolling that box, not the page
+  const scrolledWithin = el => {
+    for (let a = el.parentElement; a && a !== article; a = a.parentElement) {
+      const o = getComputedStyle(a).overflowX;
+      const fits = a.getBoundingClientRect().right <= column.right + 2;
+      if ((o === 'auto' || o === 'scroll' || o === 'hidden') && fits) return true;
+    }
+    return false;
+  };
+  const wideBoxes = [];
+  const boxes = '.cell_output, .output, figure, table, .pst-scrollable-table-container';
+  for (const el of document.querySelectorAll(boxes)) {
+    const r = el.getBoundingClientRect();
+    if (r.width > 0 && r.right > column.right + 2 && !scrolledWithin(el)) {
+      wideBoxes.push(`${el.tagName.toLowerCase()} ${Math.round(r.width)} px: `
+                     + describe(el));
+    }
+  }
+  const hiddenText = [];
+  if (textOverflow) {
+    for (const el of document.querySelectorAll('.cell_output pre, .output pre')) {
+      if (el.scrollWidth > el.clientWidth + 2) hiddenText.push(describe(el));
+    }
+  }
+  // "(lab §n)", "§7's": every reference to a lab section must be a link
+  const plainRefs = [];
+  const walker = references && document.createTreeWalker(article || document.body, NodeFilter.SHOW_TEXT);
+  for (let n = walker && walker.nextNode(); n; n = walker.nextNode()) {
+    if (/§\\s*\\d/.test(n.textContent) && !n.parentElement.closest('a, pre, code, .cell_output')) {
+      plainRefs.push(n.textContent.trim().slice(0, 40));
+    }
+  }
+  return {pageWidth, viewport: window.innerWidth, wideBoxes, hiddenText, plainRefs};
+}
+"""
+
+
+def layout_problems(page, width: str, first: bool) -> list[str]:
+    """What a reader at this width would have to scroll sideways for (see ``LAYOUT_PROBE``); text
+    outputs wider than their box and unlinked references are checked at the first width only."""
+    got = page.evaluate(LAYOUT_PROBE, [first, first])
+    problems = []
+    if got["pageWidth"] > got["viewport"] + 1:
+        problems.append(f"scrolls sideways at {width} ({got['pageWidth']} px wide)")
+    if got["wideBoxes"]:
+        problems.append(f"{len(got['wideBoxes'])} box(es) wider than the text column at {width}: "
+                        + " | ".join(got["wideBoxes"][:2]))
+    if got["hiddenText"]:
+        problems.append(f"{len(got['hiddenText'])} output(s) wider than their box at {width}: "
+                        + " | ".join(got["hiddenText"][:2]))
+    if got["plainRefs"]:
+        problems.append(f"{len(got['plainRefs'])} lab section reference(s) not linked: "
+                        + " | ".join(got["plainRefs"][:2]))
+    return problems
+
+
+def console_errors(page) -> list[str]:
+    """Collects what the page logs with ``console.error`` (e.g. a theme script rejecting its settings)."""
+    logged: list[str] = []
+    page.on("console", lambda m: m.type == "error" and logged.append(m.text))
+    return logged
+
+
 def _shared(path: str) -> bool:
     return path.startswith(SHARED_PREFIXES)
 
@@ -228,6 +316,7 @@ def check(root: Path, screenshots: Path | None, browser_exe: str | None, only: s
             outside: set[str] = set()      # hosts it loads from other than the site
             failed: set[str] = set()       # site requests that failed (404 ...)
             page.on("pageerror", lambda e, errors=errors: errors.append(str(e)))
+            logged = console_errors(page)
 
             def on_response(r, own=own, outside=outside, failed=failed, rel=rel):
                 u = urlparse(r.url)
@@ -286,6 +375,24 @@ def check(root: Path, screenshots: Path | None, browser_exe: str | None, only: s
                                 f"{MAX_PAGE_BYTES / 1e6:.1f} MB)")
             if rel in MECHANISM_MAP_PAGES and not maps:
                 problems.append("no mechanism map (a figure with layout.meta.mechanism_map)")
+            problems += layout_problems(page, WIDTHS[0][0], first=True)
+            for width, viewport, mobile in WIDTHS[1:]:
+                narrow = browser.new_page(viewport=viewport, is_mobile=mobile, has_touch=mobile,
+                                          device_scale_factor=2 if mobile else 1)
+                logged += console_errors(narrow)
+                narrow.goto(f"{base}/{rel}", wait_until="load")
+                with contextlib.suppress(Exception):
+                    narrow.wait_for_selector(".js-plotly-plot .main-svg", timeout=20_000)
+                narrow.evaluate(MATH_PROBE)
+                narrow.wait_for_timeout(300)
+                problems += layout_problems(narrow, width, first=False)
+                if screenshots:
+                    screenshots.mkdir(parents=True, exist_ok=True)
+                    narrow.screenshot(path=str(screenshots / (rel.replace("/", "_") + f".{viewport['width']}.png")))
+                narrow.close()
+            if logged:
+                shown = " | ".join(m[:120] for m in sorted(set(logged))[:3])
+                problems.append(f"{len(logged)} console error(s): {shown}")
             if screenshots:
                 screenshots.mkdir(parents=True, exist_ok=True)
                 page.screenshot(path=str(screenshots / (rel.replace("/", "_") + ".png")), full_page=False)

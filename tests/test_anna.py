@@ -355,13 +355,25 @@ def test_plan_figure_has_one_frame_per_setting_and_anna_rows_sum_to_one_or_zero(
     g = torch.Generator().manual_seed(0)
     k = torch.nn.functional.normalize(torch.randn(9, 5, generator=g, **F64), dim=-1)
     q = torch.nn.functional.normalize(k[:7] + 0.3 * torch.randn(7, 5, generator=g, **F64), dim=-1)
-    settings = [(1, 2), (4, 4), (16, 8)]
+    settings = [(l, z) for z in (2, 8) for l in (1, 4, 16)]
     fig = anna_plan_figure(anna_plans(q, k, settings, seed=3), active=1)
-    assert len(fig.frames) == 3 and len(fig.layout.sliders[0].steps) == 3
-    for fr in fig.frames:
-        softmax_rows, anna_rows = fr.data[1].x, fr.data[4].x                 # the row-sum bars
-        assert all(abs(r - 1) < 1e-9 for r in softmax_rows)
-        assert all(abs(r - 1) < 1e-9 or r == 0 for r in anna_rows)
+    # one l slider per z and one row of z buttons per l; only the pair shown (l = 4, z = 2) is visible
+    assert [len(s.steps) for s in fig.layout.sliders] == [3, 3]
+    assert [len(m.buttons) for m in fig.layout.updatemenus] == [2, 2, 2]
+    assert [s.visible for s in fig.layout.sliders] == [True, False]
+    assert [m.visible for m in fig.layout.updatemenus] == [False, True, False]
+    assert all(abs(r - 1) < 1e-9 for r in fig.data[1].x)                 # softmax's row sums
+    for b, z in enumerate((2, 8)):
+        for a, (step, l) in enumerate(zip(fig.layout.sliders[b].steps, (1, 4, 16))):
+            assert step.args[1]["title"]["text"].startswith(f"ANNA: l = {l} tables of z = {z} ")
+            assert step.args[1][f"updatemenus[{a}].active"] == b          # the z buttons it shows
+            anna_rows = step.args[0]["x"][1]                               # ANNA's row-sum bars
+            assert all(abs(r - 1) < 1e-9 or r == 0 for r in anna_rows)
+            button = fig.layout.updatemenus[a].buttons[b]
+            assert button.args[1][f"sliders[{b}].active"] == a          # the l slider it shows
+            assert list(button.args[0]["x"][1]) == list(anna_rows)
+    with pytest.raises(ValueError, match="each .n_tables, n_bits. pair of a grid"):
+        anna_plan_figure(anna_plans(q, k, [(1, 2), (4, 8)], seed=3))
     with pytest.raises(ValueError, match="settings must hold"):
         anna_plans(q, k, [])
     with pytest.raises(ValueError, match="plans must hold"):

@@ -479,7 +479,7 @@ def test_figures_build_with_a_frame_per_r_and_offset():
     from attnlib.experiments.grassmann import pair_plane, planes_in_r3, plucker_feature_maps
     from attnlib.widgets.grassmann import features_figure, pair_figure, planes_figure
     fig = planes_figure(planes_in_r3([(np.array([1.0, 0, 0]), np.array([0, 1.0, 0]))]))
-    assert "p = (1.00, 0.00, 0.00)" in fig.layout.title.text              # e0 ^ e1: only p_01
+    assert "p = (1.00, 0.00, 0.00)" in fig.layout.title.subtitle.text     # e0 ^ e1: only p_01
     z = torch.randn(12, 5, dtype=F64)
     fig = features_figure(plucker_feature_maps(z, [3, 5], [1, 4]))
     assert len(fig.frames) == 4 and len(fig.layout.sliders[0].steps) == 4

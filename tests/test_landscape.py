@@ -9,7 +9,7 @@ import torch
 
 from attnlib.experiments import landscape as L
 from attnlib.experiments.recall import recall_vs_pairs
-from attnlib.widgets.landscape import html_table, landscape_figure
+from attnlib.widgets.landscape import cell_texts, html_table, landscape_figure, text_table
 
 # Small enough to count in a second; every size a mechanism has is different, so a formula that swaps
 # two of them fails.
@@ -170,15 +170,42 @@ def test_cpu_decode_times_shape():
                                                                                   out[m]["q3"]))
 
 
-def test_landscape_figure_switches_three_panels():
+def test_landscape_figure_switches_three_panels_with_buttons():
     Ts = [2**e for e in range(4, 12)]
     curves = L.landscape_curves(Ts, SMALL)
-    fig = landscape_figure(Ts, curves, crossovers={"memory": [("T_mem", 64.0, 100.0)]})
-    assert [f.name for f in fig.frames] == ["prefill", "decode", "memory"]
-    assert len({len(f.data) for f in fig.frames}) == 1 and len(fig.data) == len(L.MECHANISMS) + 1
-    assert fig.layout.sliders and fig.frames[2].layout.yaxis.title.text != fig.frames[0].layout.yaxis.title.text
+    fig = landscape_figure(Ts, curves, crossovers={"memory": [("state = cache", 64.0, 100.0, (-40, 60))],
+                                                   "decode": [("linear", 32.0, 50.0)]})
+    assert not fig.frames and not fig.layout.sliders                       # a mode switch, not a slider
+    (menu,) = fig.layout.updatemenus
+    assert menu.type == "buttons" and [b.label for b in menu.buttons] == ["prefill", "decode", "memory"]
+    assert len(fig.data) == len(L.MECHANISMS) + 1
+    n = len(fig.data)
+    titles = set()
+    for b in menu.buttons:
+        data, layout = b.args
+        assert b.method == "update" and len(data["y"]) == len(data["x"]) == n
+        titles.add(layout["yaxis.title.text"])
+        marks = [a for a in layout["annotations"]]
+        assert [a["text"] for a in marks] == {"prefill": [], "decode": ["linear"],
+                                              "memory": ["state = cache"]}[b.label]
+    assert len(titles) == 3
+    # every mechanism has a legible colour of its own line style, none the palette's pale yellow
+    styles = [(t.line.color, t.line.dash) for t in fig.data[:-1]]
+    assert len(set(styles)) == len(styles) and all(c != "#F0E442" for c, _ in styles)
+    # no code names in the legend
+    assert all("_" not in t.name for t in fig.data)
+    assert fig.layout.title.subtitle.font.size >= 11
     with pytest.raises(ValueError):
         landscape_figure(Ts, curves, active="nope")
+
+
+def test_text_table_fits_its_width():
+    rows = [{"a": 1234.5, "b": None}, {"a": 2.0, "b": "x" * 200}]
+    narrow = text_table(rows[:1], {"a": "A", "b": "B"}, {"a": ",.0f"})
+    assert narrow.splitlines()[2].split() == ["1,234", "—"] or narrow.splitlines()[2].split() == ["1,235", "—"]
+    wide = text_table(rows, {"a": "A", "b": "B"}, {"a": ",.0f"}, width=80)
+    assert all(len(line) <= 80 for line in wide.splitlines()) and "x" * 60 in wide
+    assert cell_texts(rows, ["a", "b"], {"a": ",.0f"})[0]["b"] == "—"
 
 
 def test_tables_render():

@@ -31,6 +31,13 @@ def test_every_algorithm_is_defeated_by_its_needle_at_M_80(name, algos):
 
 
 @pytest.mark.parametrize("name", sorted(needle.ALGORITHMS))
+def test_the_needle_stays_away_from_the_ends_of_the_row(name, algos):
+    """A spike on key 0 or T-1 sits on a figure's axis: every adversary keeps T // 8 keys clear."""
+    case = needle.attack(algos[name], M=80)
+    assert T // 8 <= case.j <= T - 1 - T // 8
+
+
+@pytest.mark.parametrize("name", sorted(needle.ALGORITHMS))
 def test_every_algorithm_is_subquadratic_in_work(name):
     """Work grows slower than T^2: doubling T twice multiplies it by less than 16 (by ~8 or less)."""
     w = [needle.make(name, T=t, d=D, seed=0).work() for t in (128, 512)]
@@ -182,7 +189,7 @@ def test_explorer_responds_to_the_algorithm_menu():
     box = nw.needle_explorer(needle.probe_map_at(d=8), T_values=(64,))
     menu, fig = box.children[0].children[0], box.children[2]
     menu.value = "performer"
-    assert fig.layout.title.text.startswith("performer")
+    assert fig.layout.title.text.startswith("Performer")          # in words, not the code name
     assert not fig.data[0].z.any()
 
 

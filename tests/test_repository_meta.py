@@ -106,9 +106,12 @@ def _script(name: str):
 
 def test_the_site_serves_its_scripts_itself_and_loads_no_thebe():
     """One plotly.js and MathJax from _static/ (scripts/site_assets.py), no sphinx-thebe (its script,
-    included twice, raised a page error), no widget scripts from CDNs."""
+    included twice, raised a page error), no widget scripts from CDNs; the book's own small scripts
+    after plotly.js, every one of them in book/_static/."""
     text = (ROOT / "_config.yml").read_text()
-    assert re.search(r"^\s+html_js_files: \[plotly\.min\.js\]$", text, re.M)
+    scripts = re.search(r"^\s+html_js_files: \[([^\]]*)\]$", text, re.M)
+    assert scripts and scripts.group(1).split(", ")[0] == "plotly.min.js"
+    assert all((ROOT / "book" / "_static" / name).is_file() for name in scripts.group(1).split(", ")[1:])
     assert re.search(r"^\s+mathjax_path: mathjax/tex-chtml\.js$", text, re.M)
     assert re.search(r"^\s+html_static_path: \[book/_static\]$", text, re.M)
     assert re.search(r"^\s+nb_ipywidgets_js: \{\}", text, re.M)

@@ -243,16 +243,22 @@ def test_decode_bytes_read_every_latent_row_densely_and_every_index_key_sparsely
 
 # --- the figures --------------------------------------------------------------------------------------
 
-def test_mechanism_map_figure_steps_over_k_and_stays_small():
+def test_mechanism_map_figure_steps_over_k_and_outlines_the_chosen_keys():
     from attnlib.widgets.topk import mechanism_map_figure
     m = xt.mechanism_map(32, 8, [1, 2, 4, 8, 16, 32], generator=_gen(0))
-    fig = mechanism_map_figure(m["plan"], m["scores"], m["ks"], m["restricted"], m["lost"], active=2)
+    fig = mechanism_map_figure(m["plan"], m["scores"], m["ks"], m["restricted"], m["lost"], masks=m["masks"],
+                               active=2)
     assert fig.layout.meta == {"mechanism_map": "top-k attention with a lightning indexer"}
     assert len(fig.frames) == len(fig.layout.sliders[0].steps) == 6
-    for fr, R, lost in zip(fig.frames, m["restricted"], m["lost"]):
-        assert list(fr.traces) == [2, 3]
+    for fr, R, lost, mask in zip(fig.frames, m["restricted"], m["lost"], m["masks"]):
+        assert list(fr.traces) == [1, 3, 4, 5]
         assert abs(fr.data[0].z - R.numpy()).max() < 1e-4 and abs(fr.data[1].x - lost.numpy()).max() < 1e-4
+        # one outlined square (five corners and a break) per chosen key, on both plans
+        for outline in fr.data[2:]:
+            assert len(outline.x) == 6 * int(mask.sum())
         assert fr.layout.yaxis.range is not None and fr.layout.xaxis4.range is not None
+    assert fig.data[4].xaxis == "x" and fig.data[5].xaxis == "x2"          # over softmax's and the top-k plan
+    assert fig.layout.title.subtitle.font.size >= 11
     assert len(fig.to_json()) < 300_000
     with pytest.raises(ValueError, match="one restricted plan"):
         mechanism_map_figure(m["plan"], m["scores"], m["ks"][:2], m["restricted"], m["lost"])

@@ -29,10 +29,23 @@ def test_transport_plan_figure_has_a_frame_per_eps_and_correct_marginals():
 def test_attention_map_figure_causal_trace_is_lower_triangular():
     g = torch.Generator().manual_seed(1)
     q, k = torch.randn(6, 4, generator=g), torch.randn(6, 4, generator=g)
-    fig = widgets.attention_map_figure(xe.attention_maps(q, k, [0.5, 2.0]))
+    maps = xe.attention_maps(q, k, [0.5, 2.0])
+    assert (maps[0].masked == np.triu(np.ones((6, 6), dtype=bool), 1)).all()
+    fig = widgets.attention_map_figure(maps)
     causal = np.asarray(fig.data[1].z)
     assert np.allclose(np.triu(causal, 1), 0) and np.allclose(causal.sum(1), 1)
     assert len(fig.layout.updatemenus[0].buttons) == 2
+    # masked cells: a grey layer over the causal map (NaN, transparent, where the query may look)
+    from attnlib.widgets._style import MASKED_COLOUR, MASKED_NOTE
+    mask = fig.data[2]
+    assert np.array_equal(np.isnan(np.asarray(mask.z, dtype=float)), ~maps[0].masked)
+    assert {c for _, c in mask.colorscale} == {MASKED_COLOUR} and mask.showscale is False
+    full, causal_button = fig.layout.updatemenus[0].buttons
+    assert causal_button.args[0]["visible"] == [False, True, True] and full.args[0]["visible"] == [True, False, False]
+    assert causal_button.args[1]["title.subtitle.text"] == MASKED_NOTE
+    assert all(len(fr.data) == 2 for fr in fig.frames)           # the mask does not change with τ
+    rect = xe.attention_map(torch.randn(3, 4), torch.randn(5, 4), 1.0)
+    assert rect.causal is None and rect.masked is None
 
 
 def test_explorers_build_and_respond():
@@ -118,10 +131,17 @@ def test_weights_comparison_figure_has_a_frame_per_step_and_validates_panels():
     steps = [{"softmax": W, "other": -W}, {"softmax": W, "other": 2 * W}]
     fig = widgets.weights_comparison_figure(steps, ["a", "b"], prefix="x = ", title="t")
     assert len(fig.frames) == 2 and len(fig.data) == 2
-    assert "min -1.00" in fig.frames[0].layout.title.text and "row sums 2.00..2.00" in fig.frames[1].layout.title.text
-    # each panel its own symmetric scale, spanning that panel's largest |entry| over the steps
-    assert [fig.layout[t.coloraxis].cmax for t in fig.data] == [1.0, 2.0]
-    assert [fig.layout[t.coloraxis].cmin for t in fig.data] == [-1.0, -2.0]
+    sub = [fr.layout.title.subtitle.text for fr in fig.frames]
+    assert "smallest −1.00" in sub[0] and "row sums 2.00 to 2.00" in sub[1]
+    # each panel its own scale over the steps: a plan (all >= 0) from 0 in the plan's colours, a signed
+    # panel symmetric about 0 on the diverging scale, spanning its largest |entry| -- and said so
+    from attnlib.widgets._style import DIVERGING_SCALE, PLAN_SCALE
+    axes = [fig.layout[t.coloraxis] for t in fig.data]
+    assert [a.cmax for a in axes] == [1.0, 2.0] and [a.cmin for a in axes] == [0.0, -2.0]
+    assert axes[0].colorscale == fig.update_layout(coloraxis_colorscale=PLAN_SCALE).layout.coloraxis.colorscale
+    assert axes[1].cmid == 0.0 and "signed" in axes[1].colorbar.title.text
+    assert "signed" not in axes[0].colorbar.title.text
+    assert DIVERGING_SCALE != PLAN_SCALE
     capped = widgets.weights_comparison_figure(steps, ["a", "b"], prefix="", title="t", zmax={"other": 1.5})
     assert [capped.layout[t.coloraxis].cmax for t in capped.data] == [1.0, 1.5]
     with pytest.raises(ValueError, match="expected \\['softmax', 'other'\\]"):
@@ -293,7 +313,7 @@ def _figure_builders():
         "singular_values": lambda: wdn.singular_values_figure(xd.state_spectra(keys, v, 1.0), steps=[1, 4, 8]),
         "stability": lambda: wdn.stability_figure(xd.stability_histories(betas=(1.0, 2.5), T=40, D=4)),
         "launch_bytes": lambda: wk.launch_bytes_figure(per_shape, title="bytes"),
-        "anna_plan": lambda: wa.anna_plan_figure(xa.anna_plans(q, k, [(1, 2), (4, 4), (16, 8)])),
+        "anna_plan": lambda: wa.anna_plan_figure(xa.anna_plans(q, k, [(1, 2), (1, 4), (4, 2), (4, 4)])),
         "collision": lambda: wa.collision_figure([0, 1, 2], {"x": [1, .5, 0]}, {"x": [1, .4, 0]}, title="collisions"),
         "conditions": lambda: wa.conditions_heatmap([1, 2], [3, 4], [[.1, .2], [.3, .4]], title="conditions"),
         "reproduction": lambda: wa.reproduction_figure(summary, [1, 4], [2, 4], title="distilled"),
@@ -437,11 +457,16 @@ NO_SLIDER = ("planes", "pair", "conditions", "collision", "work", "error_curves"
 def test_every_slider_step_has_a_readable_label(built, name):
     from attnlib.widgets._slider import label_fits
     fig = built[name]
-    (slider,) = fig.layout.sliders
-    assert len(slider.steps) == len(fig.frames) > 0
-    assert [s.args[0][0] for s in slider.steps] == [f.name for f in fig.frames]
-    for s in slider.steps:
-        assert label_fits(s.label, len(slider.steps)), f"{name}: label {s.label!r} is dropped at a desktop's width"
+    assert fig.layout.sliders
+    names = [f.name for f in fig.frames]
+    reached = set()
+    for slider in fig.layout.sliders:          # one slider, or one per value of a second parameter
+        for s in slider.steps:
+            if s.method == "animate":           # a step that shows a frame (else it restyles the traces)
+                assert s.args[0][0] in names
+                reached.add(s.args[0][0])
+            assert label_fits(s.label, len(slider.steps)), f"{name}: label {s.label!r} is dropped at a desktop's width"
+    assert reached == set(names), f"{name}: a frame no slider step shows"
 
 
 @pytest.mark.parametrize("name", FIGURES)
@@ -529,25 +554,31 @@ def test_every_glued_figure_on_a_chapter_page_is_numbered_captioned_and_referenc
             assert f"{{numref}}`{opts['name']}`" in text, f"{page.name}: the prose never refers to {opts['name']}"
 
 
+def _strip(s):
+    import re
+    return [re.sub(r"<[^>]+>", "", line) for line in (s or "").split("<br>") if line.strip()]
+
+
 def _title_lines(text):
     """``(main lines, <sup> lines)`` of a Plotly title, tags stripped."""
-    import re
     main, _, sup = text.partition("<sup>")
-    strip = lambda s: [re.sub(r"<[^>]+>", "", line) for line in s.split("<br>") if line.strip()]  # noqa: E731
-    return strip(main), strip(sup)
+    return _strip(main), _strip(sup)
 
 
 @pytest.mark.parametrize("name", FIGURES)
 def test_titles_fit_a_phone(built, name):
-    """Plotly does not wrap a title: every line of it, in every slider step, fits a 390-px screen."""
-    from attnlib.widgets._style import SUBTITLE_CHARS, TITLE_CHARS
+    """Plotly does not wrap a title: every line of it and of its subtitle, in every slider step, fits a
+    390-px screen."""
+    from attnlib.widgets._style import SUBTITLE_CHARS, SUBTITLE_LINE_CHARS, TITLE_CHARS
     fig = built[name]
-    titles = [fig.layout.title.text] + [f.layout.title.text for f in fig.frames
-                                        if f.layout is not None and f.layout.title.text]
-    for text in titles:
-        main, sup = _title_lines(text)
+    titles = [fig.layout.title] + [f.layout.title for f in fig.frames
+                                   if f.layout is not None and f.layout.title.text]
+    for t in titles:
+        main, sup = _title_lines(t.text)
         assert all(len(line) <= TITLE_CHARS for line in main), f"{name}: {main}"
         assert all(len(line) <= SUBTITLE_CHARS for line in sup), f"{name}: {sup}"
+        sub = _strip(t.subtitle.text)
+        assert all(len(line) <= SUBTITLE_LINE_CHARS for line in sub), f"{name}: {sub}"
 
 
 def test_curves_figure_takes_styles_and_error_bars_and_checks_lengths():
@@ -569,7 +600,7 @@ def _check_map_figure(fig, mechanism, n_steps, axes):
     for fr in fig.frames:
         for ax in axes:
             assert fr.layout[ax].range is not None, f"{fr.name}: {ax} has no range of its own"
-    assert fig.layout.meta == {"mechanism_map": mechanism}
+    assert fig.layout.meta["mechanism_map"] == mechanism
     assert fig.layout.title.text
 
 
@@ -648,3 +679,143 @@ def test_plane_mixing_figure_steps_over_the_offsets_of_one_position():
         plane_mixing_figure({**pt, "z": torch.zeros(T, 4)}, t, plan, paired)
     with pytest.raises(ValueError, match="causal pairing"):
         gx.pair_terms(CausalGrassmannMixing(5, 3, offsets, pairing="paper"), h.float(), t)
+
+
+# --- figures that read on a phone -------------------------------------------------------------------
+
+MULTI_PANEL = ("transport_plan", "weights_comparison", "gate_weights", "plane_mixing", "pair", "state_buildup",
+               "flash_walk")
+
+
+@pytest.mark.parametrize("name", MULTI_PANEL)
+def test_multi_panel_figures_say_how_to_stack_and_keep_colour_bars_beside_their_panel(built, name):
+    """layout.meta.stack (read by book/_static/responsive_figures.js) names real panels, each once, in
+    reading order; every colour bar stands right of its own panel, no further than the next panel's
+    start, and as tall as its panel at most."""
+    from attnlib.widgets._style import panels
+    fig = built[name]
+    stack = fig.layout.meta["stack"]
+    keys = [k for unit in stack["panels"] for k in unit]
+    assert len(keys) == len(set(keys)) and len(stack["heights"]) == len(stack["panels"]) >= 2
+    assert sorted(keys) == sorted(k for unit in panels(fig) for k in unit if k in keys)
+    for key in keys:
+        assert fig.layout[key].domain is not None
+    boxes = [(fig.layout[a].domain, fig.layout[f"yaxis{(fig.layout[a].anchor or 'y')[1:]}"].domain)
+             for a in fig.layout if a.startswith("xaxis") and fig.layout[a].domain]
+    bars = [(t.colorbar, t.xaxis or "x", t.yaxis or "y") for t in fig.data
+            if t.type == "heatmap" and t.showscale is not False and t.coloraxis is None]
+    bars += [(fig.layout[t.coloraxis].colorbar, t.xaxis or "x", t.yaxis or "y") for t in fig.data
+             if getattr(t, "coloraxis", None)]
+    assert bars or name == "pair", name
+    for cb, xref, _yref in bars:
+        x_dom = fig.layout[f"xaxis{xref[1:]}"].domain
+        assert cb.x is not None and cb.x >= x_dom[1], f"{name}: colour bar over its own panel"
+        lo, hi = cb.y - cb.len / 2, cb.y + cb.len / 2
+        for bx, by in boxes:                          # on no panel beside it (a bar is ~50 px: 0.05)
+            if by is not None and by[0] < hi and lo < by[1]:
+                assert not (bx[0] - 0.05 < cb.x < bx[1]), f"{name}: colour bar on another panel"
+        assert cb.len is not None and cb.thickness <= 12, name
+
+
+def _visible_text(fig):
+    """Every string a reader can see: titles, subtitles, axis and colour-bar titles, annotations, legend
+    names, slider prefixes and labels, button labels."""
+    lay = fig.layout.to_plotly_json()
+    out = []
+
+    def walk(obj, key=""):
+        if isinstance(obj, dict):
+            for k, v in obj.items():
+                if k in ("template", "meta", "hovertemplate"):
+                    continue
+                walk(v, k)
+        elif isinstance(obj, (list, tuple)):
+            for v in obj:
+                walk(v, key)
+        elif isinstance(obj, str) and key in ("text", "prefix", "label", "name"):
+            out.append(obj)
+
+    walk(lay)
+    for fr in fig.frames:
+        walk(fr.layout.to_plotly_json() if fr.layout is not None else {})
+    out += [t.name for t in fig.data if t.name and t.showlegend is not False]
+    return out
+
+
+OWN = ("transport_plan", "attention_map", "weights_comparison", "gate_weights", "plane_mixing", "pair",
+       "planes", "plucker_features", "state_buildup", "crossover", "singular_values", "stability", "flash_walk",
+       "curves", "launch_bytes", "roofline")
+
+
+@pytest.mark.parametrize("name", OWN)
+def test_no_code_names_in_what_a_reader_sees(built, name):
+    """No snake_case names, no raw subscripts (``T_mem``, ``xi_t``), no ``name=value`` code spelling."""
+    import re
+    for text in _visible_text(built[name]):
+        plain = re.sub(r"<[^>]+>", "", text)
+        assert not re.search(r"\b[A-Za-z]+_[A-Za-z0-9({]", plain), f"{name}: {text!r}"
+        assert not re.search(r"\b[A-Za-z]+=[-0-9]", plain), f"{name}: {text!r}"
+
+
+@pytest.mark.parametrize("name", OWN)
+def test_small_text_is_at_least_11px(built, name):
+    """Subtitles in title.subtitle (12 px, not <sup>'s 10 px), annotations, axis titles >= 11 px."""
+    fig = built[name]
+    tl = fig.layout.template.layout
+    assert tl.title.subtitle.font.size >= 11 and tl.font.size >= 11 and tl.annotationdefaults.font.size >= 11
+    titles = [fig.layout.title] + [f.layout.title for f in fig.frames if f.layout is not None and f.layout.title.text]
+    assert not any("<sup>" in (t.text or "") for t in titles), f"{name}: a <sup> subtitle (under 10 px)"
+    for ann in fig.layout.annotations:
+        assert ann.font.size is None or ann.font.size >= 11, name
+    for ax in fig.layout:
+        if ax.startswith(("xaxis", "yaxis")):
+            size = fig.layout[ax].title.font.size
+            assert size is None or size >= 11, f"{name}: {ax}"
+
+
+def test_modebar_leaves_the_title_room():
+    """The toolbar (top right) is short and the title starts under it, so a phone-wide title is not
+    covered."""
+    import plotly.io as pio
+
+    from attnlib.widgets._style import MODEBAR_PX, TEMPLATE
+    t = pio.templates[TEMPLATE].layout
+    assert t.title.yref == "container" and t.title.yanchor == "top" and t.title.pad.t >= MODEBAR_PX
+    assert t.margin.t >= MODEBAR_PX + 40 and len(t.modebar.remove) >= 4
+
+
+def test_plan_colours_are_one_convention():
+    """The plan in every chapter in PLAN_SCALE; DIVERGING_SCALE only for signed panels."""
+    import plotly.graph_objects as go
+
+    from attnlib.widgets._style import DIVERGING_SCALE, PLAN_SCALE
+
+    def scale(name):
+        return go.Figure(go.Heatmap(z=[[0]], colorscale=name)).data[0].colorscale
+
+    plan, diverging = scale(PLAN_SCALE), scale(DIVERGING_SCALE)
+    figs = _figure_builders()
+    gate = figs["gate_weights"]()
+    assert gate.data[0].colorscale == plan and gate.data[1].colorscale == diverging
+    mix = figs["plane_mixing"]()
+    (softmax,) = [t for t in mix.data if t.type == "heatmap" and t.showscale is not False]
+    assert softmax.colorscale == plan
+    att = figs["attention_map"]()
+    assert att.layout.coloraxis.colorscale == plan
+
+
+def test_stack_panels_and_colorbar_helpers():
+    from plotly.subplots import make_subplots
+
+    from attnlib.widgets._style import colorbar, merge_meta, panels, stack_panels
+    fig = make_subplots(rows=2, cols=2, specs=[[{"type": "scene"}, {}], [{}, {}]])
+    assert panels(fig) == [["scene"], ["xaxis", "yaxis"], ["xaxis2", "yaxis2"], ["xaxis3", "yaxis3"]]
+    cb = colorbar(fig, ["xaxis2", "yaxis2"], title="weight")
+    assert cb["x"] > fig.layout.xaxis2.domain[1] and cb["len"] < 1 and cb["title"]["text"] == "weight"
+    merge_meta(fig, mechanism_map="m")
+    stack_panels(fig, height=250)
+    assert fig.layout.meta["mechanism_map"] == "m" and fig.layout.meta["stack"]["heights"] == [250] * 4
+    with pytest.raises(ValueError, match="not a panel"):
+        stack_panels(fig, [["xaxis9"]])
+    with pytest.raises(ValueError, match="heights"):
+        stack_panels(fig, heights=[1, 2])

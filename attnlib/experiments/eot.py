@@ -36,10 +36,13 @@ class PlanPair:
 @dataclass(frozen=True)
 class AttentionMap:
     """Attention weights of one head at temperature ``tau``: ``full`` ``[Tq, Tk]`` and ``causal``
-    ``[T, T]`` (None when ``Tq != Tk``: there is no causal form)."""
+    ``[T, T]`` (None when ``Tq != Tk``: there is no causal form), and ``masked`` ``[T, T]`` bool, True
+    where the causal form forbids the query to look (above the diagonal; its weight there is 0 by
+    the mask, not by the scores)."""
     tau: float
     full: np.ndarray
     causal: np.ndarray | None
+    masked: np.ndarray | None = None
 
 
 def _as_cost(C) -> torch.Tensor:
@@ -80,8 +83,10 @@ def attention_map(q, k, tau: float) -> AttentionMap:
     ``Tq == Tk``."""
     tau = _validate.check_positive("tau", tau)
     full = softmax_weights(q, k, tau=tau, causal=False).numpy()
-    causal = softmax_weights(q, k, tau=tau, causal=True).numpy() if full.shape[0] == full.shape[1] else None
-    return AttentionMap(tau, full, causal)
+    if full.shape[0] != full.shape[1]:
+        return AttentionMap(tau, full, None)
+    causal = softmax_weights(q, k, tau=tau, causal=True).numpy()
+    return AttentionMap(tau, full, causal, masked=np.triu(np.ones(full.shape, dtype=bool), 1))
 
 
 def attention_maps(q, k, temperatures: Sequence[float]) -> list[AttentionMap]:

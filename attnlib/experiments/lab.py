@@ -33,6 +33,7 @@ from __future__ import annotations
 import os
 import random
 import sys
+import textwrap
 from dataclasses import dataclass
 
 import numpy as np
@@ -40,6 +41,26 @@ import torch
 
 # where a Colab session fetches committed result files from (the repository the first cell installs)
 REPOSITORY_RAW = "https://raw.githubusercontent.com/attention-as-transport/attention-as-transport/main"
+
+
+# The characters an output box shows without scrolling on a laptop (about 80 at 1280 px): check lines
+# are wrapped to it, and the labs print their own lines within it.
+OUTPUT_WIDTH = 80
+
+
+def wrap_mark(mark: str, claim: str, detail: str = "") -> str:
+    """``mark claim  (detail)`` on one line when it fits in ``OUTPUT_WIDTH`` characters; otherwise the
+    claim, then ``(detail)`` on the lines below it, indented under the claim, every line within the
+    width, so that the measured numbers are never behind a scroll bar."""
+    one_line = f"{mark} {claim}  ({detail})" if detail else f"{mark} {claim}"
+    if len(one_line) <= OUTPUT_WIDTH:
+        return one_line
+    first = textwrap.wrap(f"{mark} {claim}", OUTPUT_WIDTH, subsequent_indent="  ",
+                          break_on_hyphens=False)
+    if detail:
+        first += textwrap.wrap(f"({detail})", OUTPUT_WIDTH, initial_indent="  ", subsequent_indent="   ",
+                               break_on_hyphens=False)
+    return "\n".join(first)
 
 
 class LabCheckFailed(AssertionError):
@@ -53,6 +74,12 @@ class Lab:
     quick: bool
     on_colab: bool
     triton_kernels: bool = False    # the Triton kernels run compiled here (a GPU of capability >= 8.0)
+
+    def __repr__(self) -> str:
+        where = "Colab, " if self.on_colab else ""
+        kernels = "Triton kernels compiled" if self.triton_kernels else "no compiled Triton kernels"
+        scale = "quick scale" if self.quick else "full scale"
+        return f"Lab: seed {self.seed}, {where}{self.device.type}, {scale}, {kernels}"
 
     def scale(self, quick, full):
         """Pick the quick-mode value or the full-scale one."""
@@ -109,10 +136,9 @@ class Lab:
             condition = condition.item()
         if not isinstance(condition, (bool, np.bool_)):
             raise TypeError(f"{kind} {claim!r}: condition must be a bool; got {type(condition).__name__}")
-        line = f"{claim}  ({detail})" if detail else claim
         if not condition:
-            raise LabCheckFailed(f"✗ {line}")
-        print(f"{mark} {line}")
+            raise LabCheckFailed(wrap_mark("✗", claim, detail))
+        print(wrap_mark(mark, claim, detail))
 
     def glue(self, name: str, value) -> None:
         """Hand a number or text to the chapter page (myst-nb's ``glue``; the page writes

@@ -479,7 +479,7 @@ REGISTRY: dict[str, Mechanism] = {m.name: m for m in (
         capacity_note="exact over the k selected keys, if the indexer selects them",
         count_prefill=_topk_count_prefill, count_decode=_topk_count_decode, count_tolerance=_topk_count_tolerance),
     Mechanism(
-        "hybrid", "hybrid (1 full in r+1)", _hybrid_prefill, _hybrid_decode, _hybrid_memory,
+        "hybrid", "hybrid (Gated DeltaNet + softmax)", _hybrid_prefill, _hybrid_decode, _hybrid_memory,
         adversary=(None, "", "its full layers are exact; its linear layers are not approximations of softmax"),
         capacity_note="its full layers keep every pair"),
 )}

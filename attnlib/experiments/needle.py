@@ -29,6 +29,8 @@ norm_screen         band + the ``c`` largest-norm keys (reads the vectors)    eq
 
 ``ALGORITHMS[name](T=..., d=..., seed=...)`` builds one; ``attack(algo, M=...)`` builds the input that
 defeats it and ``row_error(algo, case)`` measures the L1 distance on the planted row.
+Every adversary plants the needle in row ``i = T // 2``, at a key ``j`` at least ``T // 8`` keys from
+both ends of the row, so that a figure shows its spike clear of the axes.
 The chapter's figures (:mod:`attnlib.widgets.needle`) draw what :func:`probe_maps`, :func:`rows_vs_M` and
 :func:`needle_maps` return; :func:`probe_map_at` computes the live explorer's steps.
 
@@ -235,14 +237,26 @@ def _sqrt_T(T: int) -> int:
     return math.ceil(math.sqrt(T))
 
 
-def _pick_unseen(probes: torch.Tensor, i: int, what: str, T: int) -> int:
-    """The unseen key of row ``i`` farthest from ``i`` (so the picture shows it clearly)."""
-    unseen = (~probes[i]).nonzero().flatten()
-    unseen = unseen[unseen != i]
-    if unseen.numel() == 0:
+def _edge_margin(T: int) -> int:
+    """How far from the ends of the row the needle's key stays (``T // 8``, at least 1): a spike on
+    the first or last key sits on a figure's axis, where it cannot be seen."""
+    return max(1, T // 8)
+
+
+def _pick_unseen(probes: torch.Tensor | None, i: int, what: str, T: int) -> int:
+    """The needle's key for row ``i``: among the keys row ``i`` does not inspect (every key but ``i``
+    when ``probes`` is None), the one farthest from ``i`` that keeps :func:`_edge_margin` from both
+    ends of the row (so that a figure shows the needle clearly); any unseen key if none does."""
+    unseen = torch.ones(T, dtype=torch.bool) if probes is None else ~probes[i]
+    unseen[i] = False
+    keys = unseen.nonzero().flatten()
+    if keys.numel() == 0:
         raise ValueError(f"T={T} is too small to attack {what}: it inspects every key of row {i}; "
                          "use a larger T")
-    return int(unseen[(unseen - i).abs().argmax()])
+    margin = _edge_margin(T)
+    inner = keys[(keys >= margin) & (keys <= T - 1 - margin)]
+    keys = inner if inner.numel() else keys
+    return int(keys[(keys - i).abs().argmax()])
 
 
 class Algorithm:
@@ -300,7 +314,7 @@ class Algorithm:
         and plant the needle at an unseen pair."""
         i = self.T // 2
         probes = self.probes()
-        j = 0 if probes is None else _pick_unseen(probes, i, self.name, self.T)
+        j = _pick_unseen(probes, i, self.name, self.T)
         return plant(self.T, self.d, i, j, M, scale=self.scale)
 
 
@@ -512,7 +526,8 @@ class LSHBuckets(Algorithm):
         orthogonal to ``u``), so that the buckets stay balanced: with an all-zero haystack every zero
         vector would hash to one bucket and the algorithm would do quadratic work."""
         u, w, cos = self.straddling_pair()
-        i, j = self.T // 2, 0
+        i = self.T // 2
+        j = _pick_unseen(None, i, self.name, self.T)
         g = torch.Generator().manual_seed(self.seed + 11)
         hq, hk = torch.randn(2, self.T, self.d, generator=g, dtype=_ACC)
         hk = hk - (hk @ u)[:, None] * u[None, :]
@@ -616,7 +631,8 @@ class Linformer(Algorithm):
     def adversary(self, M: float) -> Case:
         """The needle's key is averaged with its segment: the best the row can do is spread the
         segment's weight over ``T / r`` keys."""
-        return plant(self.T, self.d, self.T // 2, 0, M, scale=self.scale)
+        i = self.T // 2
+        return plant(self.T, self.d, i, _pick_unseen(None, i, self.name, self.T), M, scale=self.scale)
 
 
 class NormScreen(Algorithm):

@@ -13,36 +13,77 @@ from collections.abc import Callable, Sequence
 
 import plotly.graph_objects as go
 
-from ..experiments.anna import AnnaPlan, PlanStats
+from ..experiments.anna import AnnaPlan
 from ._plan import plan_frame_traces, plan_pair_figure
-from ._slider import add_frame_slider, check_steps
-from ._style import colour
+from ._slider import SLIDER_PX, add_frame_slider, check_steps
+from ._style import colour, top_margin
+from ._style import title as _title_dict
 
 
-def _stats_text(st: PlanStats) -> str:
-    return (f"H {st.entropy:.2f}, support {st.support}/{st.size}, "
-            f"{st.empty_rows} empty, col ≤ {st.max_column_sum:.2f}")
+def _title(plan: AnnaPlan) -> dict:
+    sm, an = plan.softmax_stats, plan.anna_stats
+    return _title_dict(f"ANNA: l = {plan.n_tables} tables of z = {plan.n_bits} bits",
+                 f"entropy: softmax (τ = {plan.tau:g}) {sm.entropy:.2f}, ANNA {an.entropy:.2f}<br>"
+                 f"cells with mass: softmax {sm.support}/{sm.size}, ANNA {an.support}/{an.size}<br>"
+                 f"ANNA: {an.empty_rows} empty rows; largest column sum {an.max_column_sum:.2f}")
 
 
-def _title(plan: AnnaPlan) -> str:
-    return (f"ANNA with l = {plan.n_tables} tables of z = {plan.n_bits} bits<br><sup>softmax (τ={plan.tau:g}): "
-            f"{_stats_text(plan.softmax_stats)}<br>ANNA: {_stats_text(plan.anna_stats)}</sup>")
+def _anna_restyle(fig: go.Figure, plan: AnnaPlan) -> dict:
+    """``restyle`` data for ANNA's three traces (3: map, 4: row sums, 5: column sums), every coordinate
+    restated (a ``None`` would reset it)."""
+    heat, rows, cols = plan_frame_traces(plan.anna)
+    m, r, c = fig.data[3], fig.data[4], fig.data[5]
+    return {"z": [heat.z, None, None], "x": [m.x, rows.x, c.x], "y": [m.y, r.y, cols.y]}
 
 
 def anna_plan_figure(plans: Sequence[AnnaPlan], *, active: int = 0) -> go.Figure:
-    """Softmax's plan ``softmax(q k^T / tau)`` (left, fixed) beside ANNA's plan (right), one slider step
-    per :class:`~attnlib.experiments.anna.AnnaPlan` (:func:`attnlib.experiments.anna.anna_plans`, one per
-    ``(l, z)``). Bars: row sums (right of each map) and column sums (below). Rows of ANNA's plan sum to
-    1 or to 0 (a query that collided with nothing ships no mass)."""
+    """Softmax's plan ``softmax(q k^T / tau)`` (left, fixed) beside ANNA's plan (right), for every
+    ``(l, z)`` of a grid: a slider over the number of tables ``l`` (at the ``z`` shown) and buttons for
+    the bits per table ``z`` (at the ``l`` shown), so that either can be varied with the other fixed.
+    ``plans``: :func:`attnlib.experiments.anna.anna_plans`, one per pair of the grid ``ls x zs`` (any
+    order); ``active`` the one shown first. Bars: row sums (right of each map) and column sums (below).
+    Rows of ANNA's plan sum to 1 or to 0 (a query that collided with nothing ships no mass).
+
+    Static: every pair is precomputed. There is one ``l`` slider per ``z`` and one row of ``z``
+    buttons per ``l``; only those of the pair shown are visible, and each step restyles ANNA's traces
+    and shows the other control's copy for its new value, set to the value kept."""
     plans = check_steps("plans", plans, AnnaPlan, what="one per (n_tables, n_bits) pair")
-    frames = [go.Frame(data=plan_frame_traces(pl.softmax) + plan_frame_traces(pl.anna), name=f"lz{i}",
-                       traces=list(range(6)), layout=go.Layout(title_text=_title(pl))) for i, pl in enumerate(plans)]
+    ls = sorted({pl.n_tables for pl in plans})
+    zs = sorted({pl.n_bits for pl in plans})
+    grid = {(pl.n_tables, pl.n_bits): pl for pl in plans}
+    if len(grid) != len(plans) or len(grid) != len(ls) * len(zs):
+        raise ValueError("plans must hold each (n_tables, n_bits) pair of a grid ls x zs once; got "
+                         f"{[(pl.n_tables, pl.n_bits) for pl in plans]}")
     shown = plans[active]
+    l0, z0 = ls.index(shown.n_tables), zs.index(shown.n_bits)
     fig = plan_pair_figure(shown.softmax, shown.anna, ("softmax plan", "ANNA plan"), row_sum_max=1.2,
                            column_sum_max=float(shown.softmax.shape[0]), height=620)
-    fig.update_layout(title_text=_title(shown), margin=dict(t=110))
-    return add_frame_slider(fig, frames, [f"{pl.n_tables},{pl.n_bits}" for pl in plans], prefix="(l, z) = ",
-                            active=active)
+
+    def step(l: int, z: int, layout: dict) -> list:
+        pl = grid[l, z]
+        return [_anna_restyle(fig, pl), {"title": _title(pl), **layout}, [3, 4, 5]]
+
+    # slider b: l at z = zs[b]; moving it shows the z buttons of the new l, with z = zs[b] lit
+    sliders = [dict(active=l0, visible=(b == z0), currentvalue=dict(prefix=f"tables l (z = {z}): "),
+                    steps=[dict(method="update", label=str(l),
+                                args=step(l, z, {**{f"updatemenus[{a2}].visible": a2 == a for a2 in range(len(ls))},
+                                                 f"updatemenus[{a}].active": b}))
+                           for a, l in enumerate(ls)])
+               for b, z in enumerate(zs)]
+    # buttons a: z at l = ls[a]; a click shows the l slider of the new z, at l = ls[a]
+    menus = [dict(type="buttons", direction="right", active=z0, visible=(a == l0), showactive=True,
+                  x=0.0, xanchor="left", y=1.0, yanchor="bottom", pad=dict(b=34, l=120),
+                  buttons=[dict(method="update", label=f"z = {z}",
+                                args=step(l, z, {**{f"sliders[{b2}].visible": b2 == b for b2 in range(len(zs))},
+                                                 f"sliders[{b}].active": a}))
+                           for b, z in enumerate(zs)])
+             for a, l in enumerate(ls)]
+    fig.add_annotation(text="bits per table:", x=0.0, xref="paper", xanchor="left", y=1.0, yref="paper",
+                       yanchor="bottom", yshift=40, showarrow=False)
+    fig.update_layout(title=_title(shown), sliders=sliders, updatemenus=menus,
+                      margin=dict(t=top_margin(1, 3, 1) + 40, b=SLIDER_PX + 50),
+                      height=620 + 40 + SLIDER_PX)
+    return fig
 
 
 def collision_figure(thetas, measured: dict, theory: dict | None = None, *, title: str = "") -> go.Figure:
@@ -95,7 +136,8 @@ def anna_plan_explorer(plan_at: Callable[[int, int, int], AnnaPlan], *, seed: in
 
     static = anna_plan_figure([plan_at(4, 4, seed)])
     static.frames = ()
-    static.layout.sliders = ()
+    static.layout.sliders, static.layout.updatemenus = (), ()
+    static.layout.annotations = [a for a in static.layout.annotations if a.text != "bits per table:"]
     fig = go.FigureWidget(static)
     l_slider = W.IntSlider(value=4, min=1, max=max_tables, description="l (tables)")
     z_slider = W.IntSlider(value=4, min=1, max=max_bits, description="z (bits)")
@@ -106,11 +148,15 @@ def anna_plan_explorer(plan_at: Callable[[int, int, int], AnnaPlan], *, seed: in
         heat, rows, cols = plan_frame_traces(plan.anna)
         with fig.batch_update():
             fig.data[3].z, fig.data[4].x, fig.data[5].y = heat.z, rows.x, cols.y
-            fig.layout.title.text = _title(plan)
+            fig.layout.title = _title(plan)
 
     for s in (l_slider, z_slider, s_slider):
         s.observe(redraw, names="value")
     return W.VBox([W.HBox([l_slider, z_slider, s_slider]), fig])
+
+
+# The stand-ins a model is trained through (attnlib.experiments.anna.SURROGATES), in words.
+STAND_INS = {"softmax": "the softmax stand-in", "simhash_limit": "the SimHash-limit stand-in"}
 
 
 def reproduction_figure(summary: dict, ls, zs, *, show_zs=None, title: str = "") -> go.Figure:
@@ -143,11 +189,15 @@ def reproduction_figure(summary: dict, ls, zs, *, show_zs=None, title: str = "")
                               name=f"the stand-in itself ({m:.3f} ± {sd:.3f})"))
         return out
 
-    frames = [go.Frame(data=traces(n), name=n, layout=go.Layout(
-        title_text=f"{title}<br><sup>trained through: {n} ({summary[n]['n_seeds']} seeds)</sup>")) for n in names]
-    fig = go.Figure(data=frames[0].data, layout=go.Layout(title_text=frames[0].layout.title.text))
+    def head(n):
+        return _title_dict(title, f"trained through {STAND_INS.get(n, n)} ({summary[n]['n_seeds']} seeds)")
+
+    frames = [go.Frame(data=traces(n), name=n, layout=go.Layout(title=head(n))) for n in names]
+    fig = go.Figure(data=frames[0].data, layout=go.Layout(title=head(names[0])))
     fig.update_xaxes(title_text="tables l" + (" (layer 1 / layer 2)" if "/" in x[0] else "")
                      + (";  ∞: the many-table limit" if with_limit else ""), type="category")
     fig.update_yaxes(title_text="per-token error", range=[-0.02, 1.0])
     fig.update_layout(height=500)
-    return add_frame_slider(fig, frames, [n.replace("_", "<br>") for n in names], prefix="trained through: ")
+    short = {"softmax": "softmax", "simhash_limit": "SimHash<br>limit"}
+    return add_frame_slider(fig, frames, [short.get(n, n.replace("_", "<br>")) for n in names],
+                            prefix="trained through: ")

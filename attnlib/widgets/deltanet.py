@@ -15,7 +15,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from ._slider import add_frame_slider
-from ._style import colour
+from ._style import DIVERGING_SCALE, PLAN_SCALE, colorbar, colour, merge_meta, stack_panels, title, top_margin
 
 LINEAR_COLOUR, DELTA_COLOUR, UNSTABLE_COLOUR = colour(1), colour(0), colour(4)
 
@@ -43,7 +43,7 @@ def singular_values_figure(spectra: Mapping[str, np.ndarray], *, steps: list[int
                 go.Bar(x=idx, y=sv["delta"][t - 1], name="delta rule", marker_color=DELTA_COLOUR)]
 
     fig = go.Figure(data=traces(steps[0]))
-    fig.update_layout(barmode="group", title="Singular values of the state S<sub>t</sub> after t writes",
+    fig.update_layout(barmode="group", title=title("Singular values of the state S<sub>t</sub> after t writes"),
                       xaxis_title="index i (largest first)", yaxis_title="σ<sub>i</sub>(S<sub>t</sub>)",
                       yaxis_range=[0, ymax], xaxis_range=[0.5, len(idx) + 0.5], height=440)
     frames = [go.Frame(data=traces(t), name=f"t{t}") for t in steps]
@@ -70,7 +70,8 @@ def stability_figure(histories: Mapping[tuple[float, float], np.ndarray]) -> go.
                            line=dict(color=DELTA_COLOUR if abs(lam) <= 1 else UNSTABLE_COLOUR))]
 
     fig = go.Figure(data=traces(combos[0]))
-    fig.update_layout(title="Delta rule: the state's norm<br><sup>stable while β‖k‖² ≤ 2</sup>",
+    fig.update_layout(title=title("Delta rule: the state's norm", "stable while β‖k‖² ≤ 2"),
+                      margin=dict(t=top_margin(1, 1)),
                       xaxis_title="token t", yaxis_title="‖S<sub>t</sub>‖ (Frobenius)", yaxis_type="log",
                       yaxis_range=[-1, ymax], xaxis_range=[1, T], height=420, showlegend=True)
     frames = [go.Frame(data=traces(c), name=f"b{c[0]}n{c[1]}") for c in combos]
@@ -90,8 +91,8 @@ def stability_explorer(history_at: Callable[[float, float], np.ndarray]):
     fig = go.FigureWidget(data=[go.Scatter(x=np.arange(1, len(first) + 1), y=first, mode="lines")])
     fig.update_layout(xaxis_title="token t", yaxis_title="‖S<sub>t</sub>‖ (Frobenius)", yaxis_type="log", height=400,
                       title="β‖k‖² = 1.00, eigenvalue along k = 0.00")
-    b_slider = widgets.FloatSlider(value=1.0, min=0.0, max=3.0, step=0.05, description="beta")
-    n_slider = widgets.FloatSlider(value=1.0, min=0.25, max=2.0, step=0.05, description="||k||")
+    b_slider = widgets.FloatSlider(value=1.0, min=0.0, max=3.0, step=0.05, description="β")
+    n_slider = widgets.FloatSlider(value=1.0, min=0.25, max=2.0, step=0.05, description="‖k‖")
 
     def update(_=None):
         b, n = b_slider.value, n_slider.value
@@ -112,8 +113,9 @@ def gate_weights_figure(plan, weights, alphas, *, beta: float, active: int = 0) 
     ``alphas[i]`` (``g = log alpha``; ``alpha = 1`` is DeltaNet). Each panel has its own colour scale:
     the plan's runs from 0 to its largest weight after the first row (a causal first row is a single
     weight 1, shown in the end colour), the gated weights' is diverging, centred on 0 and the
-    same for every step (so the steps compare). Each frame sets both panels' axes and reports the
-    weights' row sums and smallest entry in the title.
+    same for every step (so the steps compare), its colour bar titled "signed weight". Each frame sets
+    both panels' axes and reports the weights' row sums and smallest entry in the subtitle. On a phone
+    the panels stack.
     """
     plan = np.asarray(plan, dtype=np.float64)
     mats = [np.asarray(W, dtype=np.float64) for W in weights]
@@ -127,34 +129,42 @@ def gate_weights_figure(plan, weights, alphas, *, beta: float, active: int = 0) 
     wmax = max(float(np.abs(W).max()) for W in mats) or 1.0
     pos = list(range(T))
 
-    def title(alpha, W):
+    def num(x):
+        return f"{x:.2f}".replace("-", "−")
+
+    def step_title(alpha, W):
         rs = W.sum(1)
         name = "DeltaNet, no decay" if alpha == 1.0 else f"decay α = {alpha:g}"
-        return (f"Gated DeltaNet's weights and softmax's plan<br><sup>{name}, β = {beta:g}<br>"
-                f"gated weights: row sums {rs.min():.2f} to {rs.max():.2f}, smallest {W.min():+.2f}<br>"
-                f"plan: row sums 1, smallest {plan.min():.2f}</sup>")
+        return title("Gated DeltaNet's weights and softmax's plan",
+                     f"{name}, β = {beta:g}<br>"
+                     f"gated weights: row sums {num(rs.min())} to {num(rs.max())}, smallest {num(W.min())}<br>"
+                     f"plan: row sums 1, smallest {num(plan.min())}")
 
     axes = dict(xaxis=dict(range=[-0.5, T - 0.5], title_text="value position j"),
                 xaxis2=dict(range=[-0.5, T - 0.5], title_text="value position j"),
                 yaxis=dict(range=[T - 0.5, -0.5], title_text="query position t"),
-                yaxis2=dict(range=[T - 0.5, -0.5], title_text="query position t"))
-    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.2,
-                        subplot_titles=("softmax: the plan", "Gated DeltaNet:<br>the weights"))
+                yaxis2=dict(range=[T - 0.5, -0.5]))
+    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.17,
+                        subplot_titles=("softmax: the plan", "Gated DeltaNet:<br>its weights"))
+    fig.update_annotations(font=dict(size=13))
     # The first causal row has one key and weight 1; scaled to the other rows, the plan keeps its contrast.
     plan_top = float(plan[1:].max()) if T > 1 else float(plan.max())
     fig.add_trace(go.Heatmap(z=plan.astype(np.float32), x=pos, y=pos, zmin=0.0, zmax=plan_top,
-                             colorscale="Blues",
-                             colorbar=dict(title="weight", x=fig.layout.xaxis.domain[1] + 0.01, len=0.8, thickness=10),
+                             colorscale=PLAN_SCALE, colorbar=colorbar(fig, ["xaxis", "yaxis"], title="weight"),
                              hovertemplate="query %{y} → value %{x}: %{z:.3f}<extra>softmax</extra>"), row=1, col=1)
     fig.add_trace(go.Heatmap(z=mats[active].astype(np.float32), x=pos, y=pos, zmin=-wmax, zmax=wmax, zmid=0.0,
-                             colorscale="RdBu_r",
-                             colorbar=dict(title="weight", x=fig.layout.xaxis2.domain[1] + 0.01, len=0.8, thickness=10),
+                             colorscale=DIVERGING_SCALE,
+                             colorbar=colorbar(fig, ["xaxis2", "yaxis2"], title="signed weight"),
                              hovertemplate="query %{y} → value %{x}: %{z:.3f}<extra>gated delta</extra>"),
                   row=1, col=2)
     frames = [go.Frame(data=[go.Heatmap(z=W.astype(np.float32))], traces=[1], name=f"alpha{i}",
-                       layout=go.Layout(title_text=title(a, W), **axes))
+                       layout=go.Layout(title=step_title(a, W), **axes))
               for i, (a, W) in enumerate(zip(alphas, mats))]
-    fig.update_layout(title=dict(text=title(alphas[active], mats[active]), font=dict(size=13)), height=470,
-                      margin=dict(t=150, l=60, r=20, b=40), meta={"mechanism_map": "Gated DeltaNet"}, **axes)
+    fig.update_layout(title=step_title(alphas[active], mats[active]), height=500,
+                      margin=dict(t=top_margin(1, 3, 2), l=60, r=60, b=40), **axes)
+    # The right-hand map has the left's queries: it labels them only when a phone stacks the two.
+    fig.update_yaxes(showticklabels=False, row=1, col=2)
+    merge_meta(fig, mechanism_map="Gated DeltaNet")
+    stack_panels(fig, height=380, narrow={"yaxis2.showticklabels": True, "yaxis2.title.text": "query position t"})
     labels = ["1 (DeltaNet)" if a == 1.0 else f"{a:g}" for a in alphas]
     return add_frame_slider(fig, frames, labels, prefix="decay α = ", active=active)

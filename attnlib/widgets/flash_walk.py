@@ -14,7 +14,9 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from ._slider import add_frame_slider
-from ._style import PLAN_SCALE, SIGNED_SCALE, colour, wrap
+from ._style import DIVERGING_SCALE, PLAN_SCALE, colorbar, colour, split_title, stack_panels, top_margin, wrap
+
+_title = split_title
 
 
 def _walk_traces(walk, t: int, x_rows, key_axis, dv_axis, zmax_plan: float, zmax_out: float) -> list:
@@ -23,12 +25,10 @@ def _walk_traces(walk, t: int, x_rows, key_axis, dv_axis, zmax_plan: float, zmax
     plan[:, seen:] = np.nan                                   # keys not yet loaded: blank, not zero
     out = walk.o_partial[t].numpy()
     return [
-        go.Heatmap(z=plan, x=key_axis, y=x_rows, zmin=0, zmax=zmax_plan, colorscale=PLAN_SCALE,
-                   colorbar=dict(title=dict(text="weight"), x=0.44, len=0.42, y=1.0, yanchor="top"),
-                   hovertemplate="query %{y}, key %{x}: %{z:.3f}<extra>partial plan</extra>"),
-        go.Heatmap(z=out, x=dv_axis, y=x_rows, zmin=-zmax_out, zmax=zmax_out, colorscale=SIGNED_SCALE,
-                   colorbar=dict(title=dict(text="value"), x=1.0, len=0.42, y=1.0, yanchor="top"),
-                   hovertemplate="query %{y}, column %{x}: %{z:.3f}<extra>acc / ℓ</extra>"),
+        go.Heatmap(z=plan, x=key_axis, y=x_rows, coloraxis="coloraxis",
+                   hovertemplate="query %{y}, key %{x}: weight %{z:.3f}<extra>partial plan</extra>"),
+        go.Heatmap(z=out, x=dv_axis, y=x_rows, coloraxis="coloraxis2",
+                   hovertemplate="query %{y}, column %{x}: %{z:.3f}<extra>partial output</extra>"),
         go.Scatter(x=x_rows, y=walk.m[t].numpy(), mode="markers", name="running max m",
                    marker=dict(color=colour(1), size=6, symbol="diamond"), xaxis="x3", yaxis="y3"),
         go.Scatter(x=x_rows, y=walk.lse_partial[t].numpy(), mode="markers", name="running m + log ℓ",
@@ -58,8 +58,9 @@ def flash_walk_figure(walk, *, title: str = "The flash forward, one key tile at 
     l_max = float(walk.l.max())
 
     fig = make_subplots(rows=2, cols=2, horizontal_spacing=0.16, vertical_spacing=0.2,
-                        subplot_titles=(wrap("partial plan", 20), wrap("partial output acc/ℓ", 20),
+                        subplot_titles=(wrap("partial plan", 20), wrap("partial output", 20),
                                         wrap("running max and log-sum-exp", 20), wrap("running sum ℓ", 20)))
+    fig.update_annotations(font=dict(size=13))
     for tr, (r, c) in zip(_walk_traces(walk, n - 1, rows, key_axis, dv_axis, zmax_plan, zmax_out),
                           [(1, 1), (1, 2), (2, 1), (2, 1), (2, 2)]):
         fig.add_trace(tr, row=r, col=c)
@@ -68,7 +69,14 @@ def flash_walk_figure(walk, *, title: str = "The flash forward, one key tile at 
     frames = [go.Frame(data=_walk_traces(walk, t, rows, key_axis, dv_axis, zmax_plan, zmax_out),
                        name=f"tile{t}", traces=[0, 1, 2, 3, 4]) for t in range(n)]
     labels = [str(int(e)) for e in walk.key_end]
-    fig.update_layout(title=title, height=640, margin=dict(t=100))
+    # Each map's colour bar beside it (the plan's in the gap before the output, which shows the same rows).
+    fig.update_layout(title=_title(title), height=660, margin=dict(t=top_margin(1, 0, 2), r=60),
+                      coloraxis=dict(colorscale=PLAN_SCALE, cmin=0, cmax=zmax_plan,
+                                     colorbar=colorbar(fig, ["xaxis", "yaxis"], title="weight")),
+                      coloraxis2=dict(colorscale=DIVERGING_SCALE, cmin=-zmax_out, cmax=zmax_out, cmid=0.0,
+                                      colorbar=colorbar(fig, ["xaxis2", "yaxis2"], title="signed value")))
+    stack_panels(fig, heights=[300, 300, 260, 260],
+                 narrow={"yaxis2.showticklabels": True, "yaxis2.title.text": "query i"})
     fig.update_xaxes(title_text="key j", row=1, col=1)
     fig.update_yaxes(title_text="query i", autorange="reversed", row=1, col=1)
     fig.update_xaxes(title_text="value column", row=1, col=2)
@@ -126,7 +134,7 @@ def roofline_figure(points: Sequence[Mapping], roofs: Sequence, measured: Sequen
                                        for p in mine],
                                  hovertemplate="%{text}: %{x:.0f} FLOP/B, %{y:.0f} TFLOP/s<extra></extra>"))
     top = max(r.tflops for r in roofs)
-    fig.update_layout(title=title, height=520,
+    fig.update_layout(title=_title(title), height=520,
                       xaxis=dict(type="log", title="arithmetic intensity (FLOP per byte)",
                                  range=[np.log10(lo), np.log10(hi)]),
                       yaxis=dict(type="log", title="TFLOP/s", range=[np.log10(lo * min(r.tb_per_s for r in roofs)),

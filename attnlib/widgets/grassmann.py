@@ -21,7 +21,7 @@ from plotly.subplots import make_subplots
 from ..experiments.grassmann import PairPlane, PlaneR3, PluckerFeatureMap
 from ..grassmann import pair_indices
 from ._slider import add_frame_slider, check_steps
-from ._style import COLORWAY, SIGNED_SCALE, wrap
+from ._style import COLORWAY, DIVERGING_SCALE, PLAN_SCALE, colorbar, merge_meta, stack_panels, title, top_margin, wrap
 
 COLORS = COLORWAY
 SUPERSCRIPTS = str.maketrans("0123456789", "⁰¹²³⁴⁵⁶⁷⁸⁹")
@@ -46,7 +46,7 @@ def _plane_traces(u: np.ndarray, w: np.ndarray, color: str, name: str, scene: st
     n = n / max(np.linalg.norm(n), 1e-12)
     traces = [go.Surface(x=pts[..., 0], y=pts[..., 1], z=pts[..., 2], opacity=0.35, showscale=False,
                          colorscale=[[0, color], [1, color]], name=name, scene=scene, hoverinfo="name")]
-    for vec, dash, label in ((u, "solid", "u"), (w, "dot", "w"), (n, "dash", "u x w (normalised)")):
+    for vec, dash, label in ((u, "solid", "u"), (w, "dot", "w"), (n, "dash", "u × w (unit length)")):
         traces.append(go.Scatter3d(x=[0, vec[0]], y=[0, vec[1]], z=[0, vec[2]], mode="lines+markers",
                                    line=dict(color=color, width=6, dash=dash), marker=dict(size=[0, 4]),
                                    name=f"{name}: {label}", scene=scene))
@@ -69,9 +69,8 @@ def planes_figure(planes: Sequence[PlaneR3]) -> go.Figure:
             fig.add_trace(tr)
         p = pl.coordinates
         lines.append(f"plane {k}: p = ({p[0]:.2f}, {p[1]:.2f}, {p[2]:.2f})")
-    fig.update_layout(title="Planes and their Plücker coordinates<br><sup>"
-                      + "<br>".join(lines) + "</sup>", height=560, scene=_scene(vectors),
-                      margin=dict(l=0, r=0, t=60 + 16 * len(lines)))
+    fig.update_layout(title=title("Planes and their Plücker coordinates", "<br>".join(lines)), height=560,
+                      scene=_scene(vectors), margin=dict(l=0, r=0, t=top_margin(1, len(lines))))
     return fig
 
 
@@ -93,12 +92,13 @@ def features_figure(maps: Sequence[PluckerFeatureMap]) -> go.Figure:
         xaxis = dict(range=[-0.5, len(cols) - 0.5], tickvals=list(range(len(cols))), ticktext=cols,
                      title="Plücker coordinate (i, j)")
         frames.append(go.Frame(name=f"r={fm.r}, delta={fm.delta}", data=[go.Heatmap(
-            z=fm.features, x=list(range(len(cols))), zmin=-1, zmax=1, colorscale=SIGNED_SCALE,
-            colorbar=dict(title=dict(text="p<sub>ij</sub>")), text=[cols] * fm.features.shape[0],
+            z=fm.features, x=list(range(len(cols))), zmin=-1, zmax=1, colorscale=DIVERGING_SCALE,
+            colorbar=dict(title=dict(text="p<sub>ij</sub> (signed)", side="right")), text=[cols] * fm.features.shape[0],
             hovertemplate="position %{y}, coordinate %{text}: %{z:.3f}<extra></extra>")],
-            layout=go.Layout(title=f"Normalised Plücker coordinates, r = {fm.r}, δ = {fm.delta}", xaxis=xaxis)))
+            layout=go.Layout(title=title(f"Normalised Plücker coordinates, r = {fm.r}, δ = {fm.delta}"),
+                             xaxis=xaxis)))
         labels.append(f"{fm.r},{fm.delta}")
-    fig = go.Figure(data=frames[0].data, layout=dict(height=500, title=frames[0].layout.title.text,
+    fig = go.Figure(data=frames[0].data, layout=dict(height=500, title=frames[0].layout.title,
                                                      xaxis=frames[0].layout.xaxis, yaxis_autorange="reversed"))
     fig.update_layout(yaxis_title="position t")
     return add_frame_slider(fig, frames, labels, prefix="(r, δ) = ")
@@ -121,19 +121,21 @@ def pair_figure(plane: PairPlane, *, tokens: Sequence[str] | None = None) -> go.
     fig = make_subplots(rows=2, cols=2, row_heights=[0.55, 0.45], horizontal_spacing=0.2, vertical_spacing=0.1,
                         specs=[[{"type": "scene", "colspan": 2}, None], [{"type": "xy"}, {"type": "xy"}]],
                         subplot_titles=("the plane", "coordinates", "gate α<sub>t</sub>"))
-    for tr in _plane_traces(plane.u, plane.w, COLORS[0], f"t={t}, delta={delta}"):
+    for tr in _plane_traces(plane.u, plane.w, COLORS[0], f"t = {t}, δ = {delta}"):
         fig.add_trace(tr, row=1, col=1)
     fig.add_trace(go.Bar(x=[f"({a},{b})" for a, b in plane.pairs], y=plane.coordinates,
-                         marker_color=COLORS[1], name="p_ij"), row=2, col=1)
-    fig.add_trace(go.Bar(y=plane.gate, marker_color=COLORS[2], name="alpha"), row=2, col=2)
+                         marker_color=COLORS[1], name="normalised p<sub>ij</sub>"), row=2, col=1)
+    fig.add_trace(go.Bar(y=plane.gate, marker_color=COLORS[2], name="gate α<sub>t</sub>"), row=2, col=2)
     fig.update_xaxes(title_text="pair (i, j)", row=2, col=1)
     fig.update_yaxes(title_text="normalised p<sub>ij</sub>", range=[-1.05, 1.05], row=2, col=1)
     fig.update_xaxes(title_text="channel", row=2, col=2)
     fig.update_yaxes(title_text="α<sub>t</sub> (1 keeps h<sub>t</sub>)", range=[0, 1], row=2, col=2)
-    fig.update_layout(height=780, showlegend=False, scene=_scene([plane.u, plane.w]), margin=dict(t=100),
-                      title=f"The plane of z at {label(t)} and {label(t - delta)}<br><sup>t = {t}, δ = {delta}; "
-                            f"{note}<br>mean gate {plane.mean_gate:.2f}</sup>")
-    return fig
+    fig.update_annotations(font=dict(size=13))
+    fig.update_layout(height=780, showlegend=False, scene=_scene([plane.u, plane.w]),
+                      margin=dict(t=top_margin(1, 2, 1)),
+                      title=title(f"The plane of z at {label(t)} and {label(t - delta)}",
+                                  f"t = {t}, δ = {delta}; {note}<br>mean gate {plane.mean_gate:.2f}"))
+    return stack_panels(fig, heights=[380, 280, 280])
 
 
 def pair_explorer(plane_at: Callable[[int, int], PairPlane], *, T: int, offsets: Sequence[int],
@@ -199,25 +201,28 @@ def plane_mixing_figure(terms: dict, t: int, plan, paired, *, active: int = 0) -
     reach = 1.1 * max(float(np.abs(z[[t] + partners]).max()), 1.0)
     span = dict(range=[-reach, reach], autorange=False)
     smax = 1.05 * max(float(np.abs(shares).max()), float(np.abs(signal).max()))
+    # The plan's colour bar sits beside its panel, in the gap before the pairing pattern, which has the
+    # same rows and so shows no tick labels of its own (on a phone, stacked, it does).
     layout_axes = dict(
         scene=dict(xaxis=dict(title="y₀", **span), yaxis=dict(title="y₁", **span), zaxis=dict(title="y₂", **span),
                    aspectmode="cube", camera=dict(eye=dict(x=1.5, y=1.5, z=1.0))),
-        xaxis=dict(title_text="Plücker coordinate (i, j)"), yaxis=dict(range=[-1.05, 1.05], title_text="ω̂ᵢⱼ"),
-        xaxis2=dict(title_text="output channel"), yaxis2=dict(range=[-smax, smax], title_text="signal ξ_t"),
+        xaxis=dict(title_text="pair (i, j)"), yaxis=dict(range=[-1.05, 1.05], title_text="ω̂<sub>ij</sub>"),
+        xaxis2=dict(title_text="output channel"), yaxis2=dict(range=[-smax, smax], title_text="signal ξ<sub>t</sub>"),
         xaxis3=dict(range=[-0.5, T - 0.5], title_text="key position s"),
         yaxis3=dict(range=[T - 0.5, -0.5], title_text="position t"),
-        xaxis4=dict(range=[-0.5, T - 0.5], title_text="partner position t − δ"),
-        yaxis4=dict(range=[T - 0.5, -0.5], title_text="position t"),
-        xaxis5=dict(title_text="channel"), yaxis5=dict(range=[0, 1], title_text="gate ζₜ"))
+        xaxis4=dict(range=[-0.5, T - 0.5], title_text="partner t − δ"),
+        yaxis4=dict(range=[T - 0.5, -0.5]),
+        xaxis5=dict(title_text="channel"), yaxis5=dict(range=[0, 1], title_text="gate ζ<sub>t</sub>"))
 
-    def title(k):
-        return (f"Grassmann mixing at t = {t}: pair (t, t − {offsets[k]})<br><sup>one of {len(offsets)} pairs; "
-                f"the layer averages their Plücker coordinates<br>and projects them: no weights on positions<br>"
-                f"(softmax's row t is a plan over the {t + 1} positions up to t)</sup>")
+    def step_title(k):
+        return title(f"Grassmann mixing at t = {t}: pair (t, t − {offsets[k]})",
+                     f"one of {len(offsets)} pairs; the layer averages their Plücker<br>"
+                     "coordinates and projects them: no weights on positions<br>"
+                     f"(softmax's row t is a plan over positions 0 to {t})")
 
     def step_traces(k):
         u, w = z[t], z[partners[k]]
-        plane = _plane_traces(u, w, COLORS[0], f"span(y_{t}, y_{partners[k]})")
+        plane = _plane_traces(u, w, COLORS[0], f"plane of y<sub>{t}</sub>, y<sub>{partners[k]}</sub>")
         return plane + [
             go.Bar(x=coords, y=feats[k], marker_color=COLORS[1], name="Plücker coordinates ω̂ of the pair",
                    hovertemplate="ω̂%{x} = %{y:.3f}<extra></extra>"),
@@ -226,43 +231,46 @@ def plane_mixing_figure(terms: dict, t: int, plan, paired, *, active: int = 0) -
             go.Scatter(x=[partners[k]], y=[t], mode="markers", name="this pair (t, t − δ)", cliponaxis=False,
                        marker=dict(symbol="circle-open", size=13, color="#ff7f0e", line=dict(width=3)))]
 
-    fig = make_subplots(rows=2, cols=3, column_widths=[0.36, 0.34, 0.3], row_heights=[0.55, 0.45],
-                        horizontal_spacing=0.1, vertical_spacing=0.14,
+    fig = make_subplots(rows=2, cols=3, column_widths=[0.36, 0.32, 0.32], row_heights=[0.52, 0.48],
+                        horizontal_spacing=0.11, vertical_spacing=0.17,
                         specs=[[{"type": "scene"}, {"type": "xy"}, {"type": "xy"}],
                                [{"type": "xy"}, {"type": "xy"}, {"type": "xy"}]],
                         subplot_titles=[wrap(s, 13) for s in (
-                            "the plane of y_t and y_(t−δ)", "what the pair contributes: ω̂",
-                            "how it enters: its share of the signal", "softmax: the plan (rows sum to 1)",
-                            "Grassmann: the fixed pairs", "gate: keep h_t (1) or take the signal (0)")])
+                            "plane of y<sub>t</sub>, y<sub>t−δ</sub>", "coordinates ω̂",
+                            "share of ξ<sub>t</sub>", "softmax: the plan", "Grassmann: fixed pairs",
+                            "gate ζ<sub>t</sub>")])
+    fig.update_annotations(font=dict(size=13))
     first = step_traces(active)
     cells = [(1, 1)] * 4 + [(1, 2), (1, 3), (2, 2)]
     for tr, (r_, c_) in zip(first, cells):
         fig.add_trace(tr, row=r_, col=c_)
     n_step = len(first)
-    fig.add_trace(go.Bar(x=channels, y=signal, name="the whole signal ξ_t", marker_color="rgba(0,0,0,0)",
+    fig.add_trace(go.Bar(x=channels, y=signal, name="the whole signal ξ<sub>t</sub>", marker_color="rgba(0,0,0,0)",
                          marker_line=dict(color="#444", width=1.5),
-                         hovertemplate="channel %{x}: %{y:.3f}<extra>ξ_t</extra>"), row=1, col=3)
-    fig.add_trace(go.Heatmap(z=plan.astype(np.float32), zmin=0.0, zmax=float(plan.max()), colorscale="Blues",
-                             colorbar=dict(title="weight", x=fig.layout.xaxis3.domain[1] + 0.005, y=0.2, len=0.4,
-                                           thickness=8),
-                             hovertemplate="position %{y} → %{x}: %{z:.3f}<extra>softmax</extra>"), row=2, col=1)
+                         hovertemplate="channel %{x}: %{y:.3f}<extra>ξ<sub>t</sub></extra>"), row=1, col=3)
+    fig.add_trace(go.Heatmap(z=plan.astype(np.float32), zmin=0.0, zmax=float(plan.max()), colorscale=PLAN_SCALE,
+                             colorbar=colorbar(fig, ["xaxis3", "yaxis3"], title="weight"),
+                             hovertemplate="position %{y} → %{x}: weight %{z:.3f}<extra>softmax</extra>"), row=2, col=1)
     fig.add_trace(go.Scatter(x=[-0.5, t + 0.5], y=[t, t], mode="lines", line=dict(color="#ff7f0e", width=1),
                              name=f"row t = {t}", hoverinfo="skip"), row=2, col=1)
     fig.add_trace(go.Heatmap(z=paired.astype(np.uint8), zmin=0, zmax=1, showscale=False,
                              colorscale=[[0, "#f4f4f4"], [1, "#2b3a55"]],
                              hovertemplate="position %{y} paired with %{x}: %{z}<extra></extra>"), row=2, col=2)
-    fig.add_trace(go.Bar(x=channels, y=gate, marker_color=COLORS[2], name="gate ζₜ",
+    fig.add_trace(go.Bar(x=channels, y=gate, marker_color=COLORS[2], name="gate ζ<sub>t</sub>",
                          hovertemplate="channel %{x}: %{y:.2f}<extra>gate</extra>"), row=2, col=3)
     fig.update_layout(**layout_axes)
+    fig.update_yaxes(showticklabels=False, row=2, col=2)
     # The marker belongs above the pattern's heatmap: draw it last.
     fig.data = fig.data[:n_step - 1] + fig.data[n_step:] + fig.data[n_step - 1:n_step]
     order = list(range(n_step - 1)) + [len(fig.data) - 1]
     frames = [go.Frame(data=step_traces(k), traces=order, name=f"delta{d}",
-                       layout=go.Layout(title_text=title(k), **layout_axes))
+                       layout=go.Layout(title=step_title(k), **layout_axes))
               for k, d in enumerate(offsets)]
-    fig.update_layout(title=dict(text=title(active), font=dict(size=13)), height=820, barmode="overlay",
-                      margin=dict(t=150, l=60, r=20, b=40),
-                      meta={"mechanism_map": "Grassmann mixing"})
+    fig.update_layout(title=step_title(active), height=880, barmode="overlay",
+                      margin=dict(t=top_margin(1, 3, 2), l=60, r=20, b=40))
+    merge_meta(fig, mechanism_map="Grassmann mixing")
+    stack_panels(fig, heights=[360, 250, 250, 330, 330, 240],
+                 narrow={"yaxis4.showticklabels": True, "yaxis4.title.text": "position t"})
     return add_frame_slider(fig, frames, [str(d) for d in offsets], prefix="offset δ = ", active=active)
 
 

@@ -15,6 +15,7 @@ import plotly.graph_objects as go
 
 from ._slider import add_frame_slider
 from ._style import colour
+from ._style import title as style_title
 
 
 def _ticks(fractions: Sequence[float], labels: Mapping[float, str] | None):
@@ -122,7 +123,7 @@ def hybrid_curves_figure(curves: Mapping[str, Mapping[float, Mapping[str, Sequen
 
     def heading(task, lr):
         seeds = f"{min(n_seeds)}" if len(n_seeds) == 1 else f"{min(n_seeds)}-{max(n_seeds)}"
-        return f"{title}<br><sup>{task} task, lr {lr:g}: mean of {seeds} seeds (thin: each)</sup>"
+        return style_title(title, f"{task}, lr {lr:g}: mean of {seeds} seeds (thin: each)")
 
     def x_range(task):
         end = last_step(task)
@@ -135,7 +136,7 @@ def hybrid_curves_figure(curves: Mapping[str, Mapping[float, Mapping[str, Sequen
     fig.update_layout(title=heading(task0, lr0), height=480)
     if len(cells) > 1:
         frames = [go.Frame(data=frame(task, lr, per), name=f"{task}, lr {lr:g}",
-                           layout=dict(title=dict(text=heading(task, lr)), xaxis=dict(range=x_range(task))))
+                           layout=dict(title=heading(task, lr), xaxis=dict(range=x_range(task))))
                   for task, lr, per in cells]
         add_frame_slider(fig, frames, [f"{task}<br>{lr:g}" for task, lr, _ in cells], prefix="task, lr: ")
     return fig

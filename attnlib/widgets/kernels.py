@@ -14,6 +14,7 @@ import plotly.graph_objects as go
 
 from ..experiments.kernels import Launch
 from ._slider import add_frame_slider
+from ._style import split_title
 
 COLOURS = {"attnlib": ("#1f77b4", "#aec7e8"), "fla": ("#ff7f0e", "#ffbb78")}   # alternate shades per launch
 
@@ -60,7 +61,7 @@ def launch_bytes_figure(per_shape: Mapping[str, Mapping[str, Sequence[Launch]]],
             stack[tr.x[0]] = stack.get(tr.x[0], 0.0) + float(tr.y[0])
         cats += [c for c in stack if c not in cats]
         top = max([top, *stack.values()])
-    fig.update_layout(barmode="stack", title=title, height=480, margin=dict(t=70, b=40),
+    fig.update_layout(barmode="stack", title=split_title(title), height=480, margin=dict(b=40),
                       yaxis=dict(title="bytes touched per (batch, head, token)", range=[0, 1.05 * top or 1.0]),
                       xaxis=dict(title="library and pass", type="category", categoryorder="array",
                                  categoryarray=cats, range=[-0.5, len(cats) - 0.5]))

@@ -17,7 +17,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from ._slider import add_frame_slider
-from ._style import SIGNED_SCALE, colour
+from ._style import DIVERGING_SCALE, colorbar, colour, stack_panels, title, top_margin
 
 SOFTMAX_COLOUR, LINEAR_COLOUR = colour(1), colour(0)
 
@@ -44,14 +44,14 @@ def state_buildup_figure(buildup: Mapping) -> go.Figure:
 
     # Two panels over one: three side by side leave no room for their axis titles at a phone's width.
     # Panel names go in the axis titles; subplot titles over the panels would overprint each other.
-    fig = make_subplots(rows=2, cols=2, column_widths=[0.55, 0.45], row_heights=[0.55, 0.45],
-                        horizontal_spacing=0.16, vertical_spacing=0.2, specs=[[{}, {}], [{"colspan": 2}, None]])
+    fig = make_subplots(rows=2, cols=2, column_widths=[0.52, 0.48], row_heights=[0.55, 0.45],
+                        horizontal_spacing=0.24, vertical_spacing=0.2, specs=[[{}, {}], [{"colspan": 2}, None]])
     KV_COLOUR, STATE_COLOUR = colour(1), colour(2)
 
     def traces(t: int):
         return [
-            go.Heatmap(z=states[t - 1], zmin=-zmax, zmax=zmax, colorscale=SIGNED_SCALE,
-                       showscale=False, xaxis="x", yaxis="y", name="S_t",
+            go.Heatmap(z=states[t - 1], zmin=-zmax, zmax=zmax, coloraxis="coloraxis",
+                       xaxis="x", yaxis="y", name="S<sub>t</sub>",
                        hovertemplate="S[%{y}, %{x}] = %{z:.3f}<extra></extra>"),
             go.Bar(x=np.arange(Dv), y=outs[t - 1], name="o<sub>t</sub> = S<sub>t</sub> q<sub>t</sub>",
                    marker_color=LINEAR_COLOUR, xaxis="x2", yaxis="y2"),
@@ -75,7 +75,11 @@ def state_buildup_figure(buildup: Mapping) -> go.Figure:
     fig.update_xaxes(title_text="output: value dim", row=1, col=2)
     fig.update_xaxes(title_text="token t", range=[0.5, T + 0.5], row=2, col=1)
     fig.update_yaxes(title_text="bytes per head", range=[0, 1.05 * max(kv.max(), st.max())], row=2, col=1)
-    fig.update_layout(height=620, title="Linear attention as an RNN<br><sup>one outer product per token</sup>")
+    fig.update_layout(height=660, title=title("Linear attention as an RNN", "one outer product per token"),
+                      margin=dict(t=top_margin(1, 1) + 8),
+                      coloraxis=dict(colorscale=DIVERGING_SCALE, cmin=-zmax, cmax=zmax, cmid=0.0,
+                                     colorbar=colorbar(fig, ["xaxis", "yaxis"], title="signed entry")))
+    stack_panels(fig, heights=[320, 280, 280])
     frames = [go.Frame(data=traces(t), name=f"t{t}") for t in range(1, T + 1)]
     return add_frame_slider(fig, frames, [str(t) for t in range(1, T + 1)], prefix="t = ")
 
@@ -123,7 +127,8 @@ def crossover_figure(fits: Mapping[int, Mapping]) -> go.Figure:
                      range=[math.log10(min(all_T)) - 0.05, math.log10(max(all_T)) + 0.05])
     fig.update_yaxes(type="log", title_text="CPU time (ms)", range=[math.log10(lo) - 0.1,
                                                                      math.log10(hi) + 0.1])
-    fig.update_layout(height=500, title="Causal softmax vs linear attention<br><sup>CPU time, one thread</sup>")
+    fig.update_layout(height=500, title=title("Causal softmax vs linear attention", "CPU time, one thread"),
+                      margin=dict(t=top_margin(1, 1)))
     frames = [go.Frame(data=traces(D), name=f"D{D}") for D in Ds]
     return add_frame_slider(fig, frames, [str(D) for D in Ds], prefix="head dim D = ")
 

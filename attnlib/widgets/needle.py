@@ -16,22 +16,46 @@ from plotly.subplots import make_subplots
 
 from ..experiments.needle import ALGORITHMS, NeedleMap, PlantedRow, ProbeMap
 from ._slider import add_frame_slider, check_steps
-from ._style import colour, wrap
+from ._style import colorbar, colour, merge_meta, stack_panels, title, top_margin
 
 EXACT_COLOR, ALGO_COLOR, NEEDLE_COLOR = colour(0), colour(1), colour(4)
 
 
+# What a figure calls each algorithm of :data:`attnlib.experiments.needle.ALGORITHMS` (words, not code
+# names), and what it calls each kind.
+LABELS = {"sliding_window": "sliding window", "strided": "strided", "random_keys": "random keys",
+          "indexer_topk": "top-k (indexer)", "lsh": "LSH buckets", "performer": "Performer",
+          "linformer": "Linformer", "norm_screen": "norm screen"}
+KINDS = {"pattern": "fixed pattern", "random": "random sample", "reads vectors": "reads the vectors",
+         "features": "random features", "low rank": "low rank"}
+
+
+def label(name: str) -> str:
+    """An algorithm's name in words, as the figures show it ("sliding_window" -> "sliding window")."""
+    return LABELS.get(name, name.replace("_", " "))
+
+
 def slider_label(name: str) -> str:
     """An algorithm's name as a slider step label: one word per line, so that eight fit side by side."""
-    return name.replace("_", "<br>")
+    return label(name).replace(" ", "<br>")
 
 
 
-def _caption(pm: ProbeMap) -> str:
-    seen = "no exact score (features / low rank)" if pm.n_probes is None else \
+
+def _caption(pm: ProbeMap) -> dict:
+    seen = "no exact score" if pm.n_probes is None else \
         f"{pm.n_probes} of {pm.T ** 2} scores ({pm.probe_fraction:.1%})"
-    return (f"{pm.name} [{pm.kind}] against the needle<br><sup>probes: {seen}<br>needle (i={pm.i}, "
-            f"j={pm.j}), M={pm.M:g}: L1 error {pm.error:.3f}</sup>")
+    return title(f"{label(pm.name)} ({KINDS.get(pm.kind, pm.kind)})",
+                 f"computes {seen}<br>needle (i = {pm.i}, j = {pm.j}), M = {pm.M:g}: "
+                 f"L1 error {pm.error:.3f}")
+
+
+def _needle_peak(row: PlantedRow) -> go.Scatter:
+    """A marker on the exact row's spike at the needle's key ``j``: one key wide, the spike alone is
+    a hairline."""
+    return go.Scatter(x=[row.j], y=[row.exact[row.j]], mode="markers", name="the needle's key j",
+                      cliponaxis=False, marker=dict(symbol="circle-open", size=12, color=NEEDLE_COLOR,
+                                                    line=dict(width=2.5)))
 
 
 def probe_map_figure(maps: Sequence[ProbeMap], *, active: int = 0) -> go.Figure:
@@ -42,7 +66,7 @@ def probe_map_figure(maps: Sequence[ProbeMap], *, active: int = 0) -> go.Figure:
     ``maps``: :func:`attnlib.experiments.needle.probe_maps` (one :class:`~attnlib.experiments.needle.ProbeMap`
     per algorithm)."""
     maps = check_steps("maps", maps, ProbeMap)
-    fig = make_subplots(rows=1, cols=2, column_widths=[0.5, 0.5], horizontal_spacing=0.12,
+    fig = make_subplots(rows=1, cols=2, column_widths=[0.5, 0.5], horizontal_spacing=0.16,
                         subplot_titles=("probe map", "planted row i"))
     frames, labels, caps = [], [], []
     for n, pm in enumerate(maps):
@@ -58,15 +82,17 @@ def probe_map_figure(maps: Sequence[ProbeMap], *, active: int = 0) -> go.Figure:
                           row=1, col=2)
             fig.add_trace(go.Scatter(y=pm.got, mode="lines", name="algorithm's row",
                                      line=dict(color=ALGO_COLOR, dash="dot")), row=1, col=2)
+            fig.add_trace(_needle_peak(pm), row=1, col=2)
         frames.append(go.Frame(data=[go.Heatmap(z=pm.probes), go.Scatter(x=[pm.j], y=[pm.i]),
-                                     go.Scatter(y=pm.exact), go.Scatter(y=pm.got)],
-                               name=f"algo{n}", traces=[0, 1, 2, 3],
-                               layout=go.Layout(title_text=caps[-1])))
+                                     go.Scatter(y=pm.exact), go.Scatter(y=pm.got),
+                                     go.Scatter(x=[pm.j], y=[pm.exact[pm.j]])],
+                               name=f"algo{n}", traces=[0, 1, 2, 3, 4],
+                               layout=go.Layout(title=caps[-1])))
         labels.append(slider_label(pm.name))
     T = maps[0].T
-    fig.update_layout(title_text=caps[active], height=540, margin=dict(t=110))
+    fig.update_layout(title=caps[active], height=540, margin=dict(t=top_margin(1, 2, 1)))
     fig.update_yaxes(range=[T - 0.5, -0.5], title_text="query i", row=1, col=1)
-    fig.update_xaxes(range=[-0.5, T - 0.5], title_text="key j (dark: exact score computed)", row=1, col=1)
+    fig.update_xaxes(range=[-0.5, T - 0.5], title_text="key j (dark: score computed)", row=1, col=1)
     fig.update_xaxes(range=[-0.5, T - 0.5], title_text="key j", row=1, col=2)
     fig.update_yaxes(range=[-0.05, 1.05], title_text="attention weight", row=1, col=2)
     return add_frame_slider(fig, frames, labels, prefix="algorithm: ", active=active)
@@ -81,15 +107,15 @@ def row_vs_M_figure(rows: Sequence[PlantedRow], *, active: int | None = None) ->
     active = len(rows) // 2 if active is None else active
     frames, caps = [], []
     for n, row in enumerate(rows):
-        caps.append(f"{row.name}: the planted row as M grows<br><sup>M = {row.M:g}, needle mass "
-                    f"π(M) = {row.needle_mass:.3f}, L1 error {row.error:.3f}</sup>")
+        caps.append(title(f"{label(row.name)}: the planted row as M grows",
+                          f"M = {row.M:g}, needle mass π(M) = {row.needle_mass:.3f}, L1 error {row.error:.3f}"))
         if n == active:
             fig = go.Figure([go.Scatter(y=row.exact, mode="lines", name="exact row", line=dict(color=EXACT_COLOR)),
                              go.Scatter(y=row.got, mode="lines", name="algorithm's row",
                                         line=dict(color=ALGO_COLOR, dash="dot"))])
         frames.append(go.Frame(data=[go.Scatter(y=row.exact), go.Scatter(y=row.got)], name=f"M{n}", traces=[0, 1],
-                               layout=go.Layout(title_text=caps[-1])))
-    fig.update_layout(title_text=caps[active], height=420, margin=dict(t=90),
+                               layout=go.Layout(title=caps[-1])))
+    fig.update_layout(title=caps[active], height=420, margin=dict(t=top_margin(1, 1)),
                       xaxis=dict(title="key j", range=[-0.5, rows[0].T - 0.5]),
                       yaxis=dict(title="attention weight", range=[-0.05, 1.05]))
     return add_frame_slider(fig, frames, [f"{row.M:g}" for row in rows], prefix="M = ", active=active)
@@ -102,7 +128,7 @@ def error_curves_figure(x_values: Sequence[float], errors: dict[str, Sequence[fl
     (its label at the left end, clear of labels a caller puts at the top of a vertical line)."""
     fig = go.Figure()
     for name, errs in errors.items():
-        fig.add_trace(go.Scatter(x=list(x_values), y=list(errs), mode="lines+markers", name=name))
+        fig.add_trace(go.Scatter(x=list(x_values), y=list(errs), mode="lines+markers", name=label(name)))
     if reference is not None:
         fig.add_trace(go.Scatter(x=list(x_values), y=list(reference), mode="lines", name=reference_name,
                                  line=dict(color="black", dash="dot")))
@@ -120,7 +146,7 @@ def error_vs_M_by_T_figure(T_values: Sequence[int], M_values: Sequence[float],
     """Error-vs-M curves of every algorithm, with a slider over ``T`` (``errors[T][name]``)."""
     names = list(errors[T_values[active]])
     fig = go.Figure([go.Scatter(x=list(M_values), y=list(errors[T_values[active]][n]), mode="lines+markers",
-                                name=n) for n in names])
+                                name=label(n)) for n in names])
     def title(T):
         return f"Error against the needle's score, T = {T}"
 
@@ -137,7 +163,8 @@ def error_vs_M_by_T_figure(T_values: Sequence[int], M_values: Sequence[float],
 def work_figure(T_values: Sequence[int], work: dict[str, Sequence[float]]) -> go.Figure:
     """Work (score equivalents) against ``T`` on log-log axes, with exact attention's ``T^2``."""
     Ts = list(T_values)
-    fig = go.Figure([go.Scatter(x=Ts, y=list(w), mode="lines+markers", name=n) for n, w in work.items()])
+    fig = go.Figure([go.Scatter(x=Ts, y=list(w), mode="lines+markers", name=label(n))
+                     for n, w in work.items()])
     fig.add_trace(go.Scatter(x=Ts, y=[t * t for t in Ts], mode="lines", name="exact: T²",
                              line=dict(color="black", width=3, dash="dash")))
     fig.update_layout(height=460, xaxis=dict(title="sequence length T", type="log"),
@@ -169,7 +196,8 @@ def needle_explorer(map_at: Callable[[str, int, float], ProbeMap], *, names: Seq
             fig.data[0].z = pm.probes
             fig.data[1].x, fig.data[1].y = [pm.j], [pm.i]
             fig.data[2].y, fig.data[3].y = pm.exact, pm.got
-            fig.layout.title.text = _caption(pm)
+            fig.data[4].x, fig.data[4].y = [pm.j], [pm.exact[pm.j]]
+            fig.layout.title = _caption(pm)
 
     for w in (algo_w, T_w, M_w):
         w.observe(redraw, names="value")
@@ -198,39 +226,44 @@ def needle_maps_figure(maps: Sequence[NeedleMap], *, active: int = 0) -> go.Figu
     if any(m.T != T for m in maps):
         raise ValueError(f"the maps must share one T; got {[m.T for m in maps]}")
     keys = list(range(T))
+    def map_title(m: NeedleMap) -> dict:
+        return title(f"{label(m.name)}: the attacked row i = {m.i}",
+                     f"needle at key j = {m.j}, M = {m.M:g}<br>its mass: exact {m.on_needle[0]:.3f}, "
+                     f"{label(m.name)} {m.on_needle[1]:.3f}<br>L1 error {m.error:.3f} (at most 2)")
 
-    def title(m: NeedleMap):
-        return (f"{m.name}: the attacked row i = {m.i}<br><sup>needle at key j = {m.j}, M = {m.M:g}<br>"
-                f"its mass: exact {m.on_needle[0]:.3f}, {m.name} {m.on_needle[1]:.3f}<br>"
-                f"L1 error {m.error:.3f} (at most 2)</sup>")
-
+    # Three panels and, in its own gap between the second map and the bars, the maps' colour bar; the
+    # bars' axis sits on their right, so that nothing of theirs reaches into that gap.
+    domains = ([0.0, 0.33], [0.385, 0.715], [0.875, 1.0])
     axes = {}
     for n in (1, 2):
-        axes[f"xaxis{n if n > 1 else ''}"] = dict(range=[-0.5, T - 0.5], title_text="key position j")
-        axes[f"yaxis{n if n > 1 else ''}"] = dict(range=[T - 0.5, -0.5], title_text="query position i")
-    axes["yaxis3"] = dict(range=[0, 1.05], title_text="mass", title_standoff=4)
-    axes["xaxis3"] = dict(title_text="row i")
-    fig = make_subplots(rows=1, cols=3, column_widths=[0.39, 0.39, 0.22], horizontal_spacing=0.12,
-                        subplot_titles=[wrap(s, 14) for s in ("exact softmax: the plan", "the algorithm's rows",
-                                                              "row i's<br>mass")])
-    bar_x = fig.layout.xaxis2.domain[1] + 0.01                    # the colour bar, right of the two maps
+        axes[f"xaxis{n if n > 1 else ''}"] = dict(range=[-0.5, T - 0.5], title_text="key j", domain=domains[n - 1])
+        # the second map shares the first one's rows: its labels show only when the panels stack
+        axes[f"yaxis{n if n > 1 else ''}"] = dict(range=[T - 0.5, -0.5], title_text="query i" if n == 1 else None,
+                                                  showticklabels=n == 1)
+    axes["yaxis3"] = dict(range=[0, 1.05], title_text="mass", side="right", tickvals=[0, 0.5, 1])
+    axes["xaxis3"] = dict(title_text="on key j", domain=domains[2], tickangle=-90)
+    fig = make_subplots(rows=1, cols=3, subplot_titles=("exact", "algorithm", "row i"))
+    fig.update_layout(**axes)
+    for n, ann in enumerate(fig.layout.annotations):              # the titles over the moved panels
+        ann.x = sum(domains[n]) / 2
     shown = maps[active]
     for col, Z, who in ((1, shown.exact, "exact"), (2, shown.got, "algorithm")):
         fig.add_trace(go.Heatmap(z=Z, x=keys, y=keys, zmin=0.0, zmax=1.0, colorscale=_PLAN_SCALE,
-                                 showscale=(col == 2), colorbar=dict(title="weight", x=bar_x, len=0.8, thickness=10,
-                                                                     tickvals=[0, 0.1, 0.3, 1]),
+                                 showscale=(col == 2),
+                                 colorbar=colorbar(fig, ["xaxis2", "yaxis2"], title="weight", gap=0.015,
+                                                   tickvals=[0, 0.1, 0.3, 1], len=0.75),
                                  hovertemplate=f"query %{{y}} → key %{{x}}: %{{z:.3f}}<extra>{who}</extra>"),
                       row=1, col=col)
     for col in (1, 2):
         fig.add_trace(go.Scatter(x=[shown.j], y=[shown.i], mode="markers", name="needle (i, j)", showlegend=(col == 1),
                                  cliponaxis=False,
-                                 marker=dict(symbol="circle-open", size=14, color="#ff7f0e", line=dict(width=3))),
+                                 marker=dict(symbol="circle-open", size=14, color=NEEDLE_COLOR, line=dict(width=3))),
                       row=1, col=col)
-    fig.add_trace(go.Bar(x=["exact", "algorithm"], y=list(shown.on_needle), name="on the needle's key j",
-                         marker_color="#ff7f0e"),
+    fig.add_trace(go.Bar(x=["exact", "algorithm"], y=list(shown.on_needle), name="row i: on the needle's key j",
+                         marker_color=NEEDLE_COLOR),
                   row=1, col=3)
-    fig.add_trace(go.Bar(x=["exact", "algorithm"], y=list(shown.elsewhere), name="on the other keys",
-                         marker_color="#6baed6"),
+    fig.add_trace(go.Bar(x=["exact", "algorithm"], y=list(shown.elsewhere), name="row i: on the other keys",
+                         marker_color=colour(5)),
                   row=1, col=3)
     frames = []
     for n, m in enumerate(maps):
@@ -238,14 +271,17 @@ def needle_maps_figure(maps: Sequence[NeedleMap], *, active: int = 0) -> go.Figu
             data=[go.Heatmap(z=m.exact), go.Heatmap(z=m.got), go.Scatter(x=[m.j], y=[m.i]),
                   go.Scatter(x=[m.j], y=[m.i]), go.Bar(y=list(m.on_needle)), go.Bar(y=list(m.elsewhere))],
             traces=[0, 1, 2, 3, 4, 5], name=f"algo{n}",
-            layout=go.Layout(title_text=title(m), **axes)))
-    fig.update_layout(title=dict(text=title(shown), font=dict(size=13)), height=500,
-                      barmode="stack", margin=dict(t=140, l=60, r=20, b=40),
-                      legend=dict(x=1.02, y=1.0, xanchor="left", yanchor="top"),
-                      meta={"mechanism_map": "subquadratic attention algorithms"}, **axes)
+            layout=go.Layout(title=map_title(m), **axes)))
+    fig.update_layout(title=map_title(shown), height=500, barmode="stack",
+                      margin=dict(t=top_margin(1, 3, 1), l=60, r=40, b=40))
+    merge_meta(fig, mechanism_map="subquadratic attention algorithms")
+    # Narrow screens: the two maps and the bars one under the other.
+    stack_panels(fig, [["xaxis", "yaxis"], ["xaxis2", "yaxis2"], ["xaxis3", "yaxis3"]],
+                 heights=[330, 330, 220],
+                 narrow={"yaxis2.title.text": "query i", "yaxis2.showticklabels": True})
     return add_frame_slider(fig, frames, [slider_label(m.name) for m in maps], prefix="algorithm: ",
                             active=active)
 
 
-__all__ = ["error_curves_figure", "error_vs_M_by_T_figure", "needle_explorer", "needle_maps_figure",
-           "probe_map_figure", "row_vs_M_figure", "work_figure"]
+__all__ = ["LABELS", "error_curves_figure", "error_vs_M_by_T_figure", "label", "needle_explorer",
+           "needle_maps_figure", "probe_map_figure", "row_vs_M_figure", "work_figure"]

@@ -24,14 +24,29 @@ def _r(x, digits: int = 4) -> np.ndarray:
     return np.round(np.asarray(x, dtype=np.float64), digits).astype(np.float32)
 
 
+def _outlines(mask: np.ndarray) -> tuple[list, list]:
+    """The outline of every selected cell ``(t, s)`` of ``mask`` as one broken line (``None`` between
+    squares): a square of side 0.9 around each, drawn over a heatmap in data units, so that it scales
+    with the plot."""
+    xs: list = []
+    ys: list = []
+    h = 0.45
+    for t, s in zip(*np.nonzero(mask)):
+        xs += [s - h, s + h, s + h, s - h, s - h, None]
+        ys += [t - h, t - h, t + h, t + h, t - h, None]
+    return xs, ys
+
+
 def mechanism_map_figure(plan, scores, ks: Sequence[int], restricted: Sequence, lost: Sequence, *,
-                         active: int | None = None) -> go.Figure:
+                         masks: Sequence | None = None, active: int | None = None) -> go.Figure:
     """The top-k layer beside softmax's plan, with a slider over ``k``.
 
-    Top left, the dense causal plan ``[T, T]``; top right, the indexer's scores on the causal pairs
-    (``nan`` elsewhere); bottom left, the plan restricted to each row's ``k`` best-scored keys and
-    renormalised (chapter 1's plan with that support); bottom right, each row's lost mass ``1 - p(S)``
-    (half the L1 distance between the two plans). ``restricted[i]``, ``lost[i]`` belong to ``ks[i]``.
+    Top left, the dense causal plan ``[T, T]``; top right, the plan restricted to each row's ``k``
+    best-scored keys and renormalised (chapter 1's plan with that support), on the same colour scale;
+    in both, the ``k`` keys chosen in each row are outlined. Bottom left, the indexer's scores on the
+    causal pairs (``nan`` elsewhere); bottom right, each row's lost mass ``1 - p(S)`` (half the L1
+    distance between the two plans). ``restricted[i]``, ``lost[i]`` (and ``masks[i]``, the selection:
+    by default where ``restricted[i]`` is positive) belong to ``ks[i]``.
     """
     plan = np.asarray(plan, dtype=np.float64)
     T = plan.shape[0]
@@ -45,6 +60,12 @@ def mechanism_map_figure(plan, scores, ks: Sequence[int], restricted: Sequence, 
         if R.shape != (T, T) or x.shape != (T,):
             raise ValueError(f"restricted[{i}] / lost[{i}] have shapes {R.shape} / {x.shape}; expected "
                              f"({T}, {T}) / ({T},) like plan")
+    if masks is None:
+        sel = [R > 0 for R in mats]
+    else:
+        if len(masks) != len(ks):
+            raise ValueError(f"need one selection mask per k; got {len(masks)} for {len(ks)} k")
+        sel = [np.asarray(m, dtype=bool) for m in masks]
     active = len(ks) // 2 if active is None else active
     pos = list(range(T))
     zmax = float(plan[1:].max()) if T > 1 else 1.0        # a causal first row is one weight 1: keep contrast
@@ -53,34 +74,45 @@ def mechanism_map_figure(plan, scores, ks: Sequence[int], restricted: Sequence, 
 
     def title(i):
         x = losts[i]
-        return (f"The top-k layer against softmax's plan<br><sup>k = {ks[i]} of {T} keys: lost mass "
-                f"1 - p(S) mean {x.mean():.3f}, max {x.max():.3f}</sup>")
+        return dict(text="The top-k layer against softmax's plan",
+                    subtitle=dict(text=f"outlined: the k = {ks[i]} keys of {T} chosen per row<br>mass lost: "
+                                       f"mean {x.mean():.2f}, max {x.max():.2f}", font=dict(size=12)))
 
     fig = make_subplots(rows=2, cols=2, horizontal_spacing=0.16, vertical_spacing=0.16,
-                        subplot_titles=("softmax: the plan", "indexer scores", "top-k plan", "lost mass"))
+                        subplot_titles=("softmax's plan", "top-k plan", "indexer scores", "mass lost"))
     heat = dict(x=pos, y=pos, colorscale=PLAN_SCALE, showscale=False)
     fig.add_trace(go.Heatmap(z=_r(plan), zmin=0, zmax=zmax, **heat,
                              hovertemplate="query %{y} → key %{x}: %{z:.3f}<extra>plan</extra>"), row=1, col=1)
-    fig.add_trace(go.Heatmap(z=_r(sc, 3), x=pos, y=pos, colorscale="Greys", showscale=False,
-                             hovertemplate="query %{y}, key %{x}: score %{z:.2f}<extra>indexer</extra>"), row=1, col=2)
     fig.add_trace(go.Heatmap(z=_r(mats[active]), zmin=0, zmax=zmax, **heat,
-                             hovertemplate="query %{y} → key %{x}: %{z:.3f}<extra>top-k plan</extra>"), row=2, col=1)
-    fig.add_trace(go.Bar(x=_r(losts[active]), y=pos, orientation="h", marker_color=LOST_COLOUR, name="lost mass",
+                             hovertemplate="query %{y} → key %{x}: %{z:.3f}<extra>top-k plan</extra>"), row=1, col=2)
+    fig.add_trace(go.Heatmap(z=_r(sc, 3), x=pos, y=pos, colorscale="Greys", showscale=False,
+                             hovertemplate="query %{y}, key %{x}: score %{z:.2f}<extra>indexer</extra>"), row=2, col=1)
+    fig.add_trace(go.Bar(x=_r(losts[active]), y=pos, orientation="h", marker_color=LOST_COLOUR, name="mass lost",
                          hovertemplate="query %{y}: 1 - p(S) = %{x:.3f}<extra></extra>", showlegend=False),
                   row=2, col=2)
+    box = dict(mode="lines", line=dict(color=LOST_COLOUR, width=1), hoverinfo="skip", showlegend=False,
+               name="chosen keys")
+    for col in (1, 2):
+        ox, oy = _outlines(sel[active])
+        fig.add_trace(go.Scatter(x=ox, y=oy, **box), row=1, col=col)
     axes = dict(yaxis=dict(range=[T - 0.5, -0.5]), yaxis2=dict(range=[T - 0.5, -0.5]),
                 yaxis3=dict(range=[T - 0.5, -0.5]), yaxis4=dict(range=[T - 0.5, -0.5]),
+                xaxis=dict(range=[-0.5, T - 0.5]), xaxis2=dict(range=[-0.5, T - 0.5]),
                 xaxis4=dict(range=[0, max(lost_max * 1.05, 1e-3)]))
     for r, c in ((1, 1), (1, 2), (2, 1)):
         fig.update_xaxes(title_text="key s", range=[-0.5, T - 0.5], row=r, col=c)
-    for r, c in ((1, 1), (2, 1), (2, 2)):
+    for r, c in ((1, 1), (1, 2), (2, 1), (2, 2)):
         fig.update_yaxes(title_text="query t", row=r, col=c)
-    fig.update_yaxes(title_text="query t", row=1, col=2)
     fig.update_xaxes(title_text="1 - p(S)", row=2, col=2)
-    frames = [go.Frame(data=[go.Heatmap(z=_r(R)), go.Bar(x=_r(x))], traces=[2, 3], name=f"k{k}",
-                       layout=go.Layout(title_text=title(i), **axes))
-              for i, (k, R, x) in enumerate(zip(ks, mats, losts))]
-    fig.update_layout(title=dict(text=title(active)), height=720, margin=dict(t=110),
+
+    def frame_data(i):
+        ox, oy = _outlines(sel[i])
+        return [go.Heatmap(z=_r(mats[i])), go.Bar(x=_r(losts[i])), go.Scatter(x=ox, y=oy), go.Scatter(x=ox, y=oy)]
+
+    frames = [go.Frame(data=frame_data(i), traces=[1, 3, 4, 5], name=f"k{k}",
+                       layout=go.Layout(title=title(i), **axes))
+              for i, k in enumerate(ks)]
+    fig.update_layout(title=title(active), height=760, margin=dict(t=110),
                       meta={"mechanism_map": "top-k attention with a lightning indexer"}, **axes)
     return add_frame_slider(fig, frames, [str(k) for k in ks], prefix="k = ", active=active)
 

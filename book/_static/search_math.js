@@ -1,0 +1,13 @@
+// Search results quote a page's text. Its equations are TeX until MathJax typesets them on the page
+// itself, so a result would show "\(\sum_j P_{ij}\)": show an ellipsis for each equation instead, and
+// leave out the labs' outputs, which are numbers without their context.
+document.addEventListener("DOMContentLoaded", () => {
+  if (typeof Search === "undefined" || typeof Search.htmlToText !== "function") return;
+  const toText = Search.htmlToText;
+  Search.htmlToText = (htmlString, anchor) => {
+    const doc = new DOMParser().parseFromString(htmlString, "text/html");
+    doc.querySelectorAll(".math, mjx-container").forEach((el) => el.replaceWith("…"));
+    doc.querySelectorAll(".cell_output, script, style").forEach((el) => el.remove());
+    return toText(doc.documentElement.outerHTML, anchor);
+  };
+});
