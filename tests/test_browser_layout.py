@@ -70,3 +70,35 @@ def test_a_page_that_fits_passes(browser, tmp_path):
 def test_each_way_a_page_fails_a_reader_is_flagged(browser, tmp_path, part, expected):
     problems = _problems(browser, tmp_path, {**FITS, part: BREAKS[part]}, 1280)
     assert any(expected in p for p in problems), problems
+
+
+def test_hovering_a_cell_of_an_attention_map_outlines_its_row(browser, tmp_path):
+    """book/_static/hover_rows.js: on a figure that opts in (``widgets._style.hover_rows``), the pointer
+    over a cell outlines that query's row, and leaving the figure removes the outline."""
+    import plotly
+
+    from attnlib.widgets._style import hover_rows
+    fig = hover_rows(plotly.graph_objects.Figure(plotly.graph_objects.Heatmap(z=[[1, 0, 0], [0.5, 0.5, 0],
+                                                                               [0.2, 0.3, 0.5]])))
+    fig.update_layout(width=400, height=400, margin=dict(l=40, r=40, t=40, b=40))
+    js = Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
+    (tmp_path / "fig.html").write_text(
+        f'<html><body><script src="{js.as_uri()}"></script>'
+        f'<script src="{(ROOT / "book" / "_static" / "hover_rows.js").as_uri()}"></script>'
+        f'<div id="f" class="js-plotly-plot-host"></div><script>Plotly.newPlot("f", {fig.to_json()});</script>'
+        "</body></html>", encoding="utf-8")
+    page = browser.new_page(viewport={"width": 500, "height": 500})
+    page.goto((tmp_path / "fig.html").as_uri(), wait_until="load")
+    page.wait_for_timeout(500)
+    outline = "() => (document.getElementById('f').layout.shapes || []).filter(s => s.name === 'hover-row')"
+    box = page.evaluate("() => { const r = document.querySelector('#f .nsewdrag').getBoundingClientRect();"
+                        " return [r.left, r.top, r.width, r.height]; }")
+    page.mouse.move(box[0] + box[2] * 0.5, box[1] + box[3] * 0.5)       # the middle row: query 1
+    page.wait_for_timeout(400)
+    shown = page.evaluate(outline)
+    page.mouse.move(490, 490)                                             # off the plot
+    page.wait_for_timeout(400)
+    left = page.evaluate(outline)
+    page.close()
+    assert len(shown) == 1 and shown[0]["y0"] == 0.5 and shown[0]["y1"] == 1.5, shown
+    assert left == []

@@ -93,3 +93,45 @@ def test_every_lab_section_the_prose_quotes_exists(path):
     ("book/a1_reading_a_kernel", "A1"), ("book/intro", None), ("book/notation", None)])
 def test_figures_are_numbered_by_the_chapter_their_file_belongs_to(docname, chapter):
     assert _extension("chapter_numbers").chapter_of(docname) == chapter
+
+
+def _pasted_names() -> str:
+    """Every text that may paste a glued value: the chapter pages and the labs' own markdown."""
+    texts = [p.read_text() for p in (ROOT / "book").glob("*.md")]
+    for path in NOTEBOOKS:
+        texts += ["".join(c["source"]) for c in json.loads(path.read_text())["cells"]
+                  if c["cell_type"] == "markdown"]
+    return "\n".join(texts)
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_every_glued_name_is_pasted_somewhere(path):
+    """A value handed to the pages that no page pastes is dead plumbing. A name built in an f-string
+    (``f"ch2_bs_{name}"``) counts as pasted when some pasted name fits its pattern."""
+    pasted = set(re.findall(r"(?:::|\{glue(?::\w+)?\}`?\s*)([A-Za-z0-9_]+)", _pasted_names()))
+    pasted |= set(re.findall(r"```\{glue(?::\w+)?\}\s+([A-Za-z0-9_]+)", _pasted_names()))
+    unused = []
+    for _, _, src in _code_cells(path):
+        for node in ast.walk(ast.parse(src)):
+            if not (isinstance(node, ast.stmt) and _is_glue(node)) or not node.value.args:
+                continue
+            name = node.value.args[0]
+            if isinstance(name, ast.Constant):
+                pattern = re.escape(name.value)
+            elif isinstance(name, ast.JoinedStr):
+                pattern = "".join(re.escape(v.value) if isinstance(v, ast.Constant) else "[A-Za-z0-9_]+"
+                                  for v in name.values)
+            else:
+                continue
+            if not any(re.fullmatch(pattern, p) for p in pasted):
+                unused.append(ast.unparse(name))
+    assert not unused, f"{path.name}: glued but pasted nowhere: {unused}"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_no_lab_replaces_a_figures_meta(path):
+    """``fig.update_layout(meta=...)`` replaces the whole ``layout.meta``, and with it what the page's
+    scripts read there (how to stack the panels on a phone, the hovered row's outline): labs pass
+    ``mechanism_map=`` to the widget, or use ``widgets._style.merge_meta``."""
+    wrong = [i for i, _, src in _code_cells(path) if re.search(r"update_layout\([^)]*\bmeta\s*=", src)]
+    assert not wrong, f"{path.name}: cells {wrong} replace layout.meta"

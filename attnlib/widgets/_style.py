@@ -198,6 +198,12 @@ def merge_meta(fig: go.Figure, **entries) -> go.Figure:
     return fig
 
 
+def hover_rows(fig: go.Figure) -> go.Figure:
+    """Ask the book's page to outline a query's whole row while the pointer is over one of its cells
+    (``layout.meta.hover_rows``, read by ``_static/hover_rows.js``): the row is that query's plan."""
+    return merge_meta(fig, hover_rows=True)
+
+
 def stack_panels(fig: go.Figure, units=None, *, height: int = 300, heights=None, narrow=None) -> go.Figure:
     """Describe how to stack ``fig``'s panels on a narrow screen, in ``layout.meta.stack`` (read by the
     book's ``_static/responsive_figures.js``; Plotly itself cannot reflow subplots).

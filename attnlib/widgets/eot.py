@@ -24,6 +24,7 @@ from ._style import (
     MASKED_NOTE,
     PLAN_SCALE,
     colorbar,
+    hover_rows,
     merge_meta,
     stack_panels,
     top_margin,
@@ -72,6 +73,7 @@ def transport_plan_figure(plans: Sequence[PlanPair], *, active: int | None = Non
                            ("one-sided plan<br>(softmax)", "two-sided plan<br>(Sinkhorn)"),
                            row_sum_max=max(1.2, 1.2 * Nq / Nk), column_sum_max=float(Nq), height=640)
     fig.update_layout(title=_title(shown), margin=dict(t=top_margin(1, 3, 2)))
+    hover_rows(fig)
     return add_frame_slider(fig, frames, labels, prefix="ε = ", active=active)
 
 
@@ -128,6 +130,7 @@ def attention_map_figure(maps: Sequence[AttentionMap], *, active: int | None = N
         ])])
     if mechanism_map is not None:
         merge_meta(fig, mechanism_map=mechanism_map)
+    hover_rows(fig)
     return add_frame_slider(fig, frames, [f"{m.tau:.3g}" for m in maps], prefix="τ = ", active=active)
 
 
@@ -209,6 +212,7 @@ def weights_comparison_figure(steps: Sequence[Mapping[str, np.ndarray]], labels:
     stack_panels(fig, height=380, narrow=narrow)
     if mechanism_map is not None:
         merge_meta(fig, mechanism_map=mechanism_map)
+    hover_rows(fig)
     return add_frame_slider(fig, frames, list(labels), prefix=prefix, active=active)
 
 

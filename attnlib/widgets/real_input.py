@@ -20,7 +20,16 @@ import plotly.graph_objects as go
 
 from ..experiments.byte_model import ROLE_TEXT, HeadView, SnippetAttention, visible
 from ._slider import add_frame_slider, check_steps
-from ._style import MASKED_COLOUR, MASKED_NOTE, PLAN_SCALE, SUBTITLE_LINE_CHARS, title, top_margin, wrap
+from ._style import (
+    MASKED_COLOUR,
+    MASKED_NOTE,
+    PLAN_SCALE,
+    SUBTITLE_LINE_CHARS,
+    hover_rows,
+    title,
+    top_margin,
+    wrap,
+)
 
 NOTE_PX = 18                    # the masked note, a second line under the x axis' title
 BUTTONS_PX = 50                 # the mechanism buttons, between the subtitle and the plot
@@ -107,4 +116,4 @@ def real_input_figure(att: SnippetAttention, views: Sequence[HeadView], *, activ
     fig.layout.sliders[0].pad.t = fig.layout.sliders[0].pad.t or fig.layout.template.layout.sliderdefaults.pad.t
     fig.layout.sliders[0].pad.t += NOTE_PX
     fig.update_layout(height=fig.layout.height + NOTE_PX, margin=dict(b=fig.layout.margin.b + NOTE_PX))
-    return fig
+    return hover_rows(fig)

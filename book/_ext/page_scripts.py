@@ -6,7 +6,7 @@ figure scripts from the pages whose body holds no ``Plotly.newPlot``."""
 
 from __future__ import annotations
 
-FIGURE_SCRIPTS = ("plotly.min.js", "responsive_figures.js")
+FIGURE_SCRIPTS = ("plotly.min.js", "responsive_figures.js", "hover_rows.js")
 
 
 def drop_unused(app, pagename, templatename, context, doctree):
