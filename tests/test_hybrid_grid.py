@@ -161,7 +161,7 @@ def test_the_curves_figure_draws_every_ratio_with_a_step_per_task_and_lr():
     assert lin_seeds.line.color == lin_mean.line.color != soft_mean.line.color
     assert len(fig.frames[1].data[1].x) == 0                                        # all-linear not run at 0.03
     assert fig.frames[2].data[-1].y == (1 / 64, 1 / 64)                             # each task's own chance
-    assert "exceeds task, lr 0.003" in fig.frames[2].layout.title.text
+    assert "exceeds, lr 0.003" in fig.frames[2].layout.title.subtitle.text
     single = hybrid_curves_figure({"fits": {1e-2: {"1:1": [[(0, .1), (5, .9)]]}}}, title="t", threshold=None)
     assert not single.frames and len(single.data) == 2
     with pytest.raises(ValueError, match="at least one"):
