@@ -36,7 +36,6 @@ COLORWAY = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#
 FONT = "Helvetica Neue, Helvetica, Arial, sans-serif"
 PLAN_SCALE = "Blues"             # the plan: non-negative weights and masses (white 0, dark blue large)
 DIVERGING_SCALE = "RdBu_r"       # signed quantities, centred on 0: blue negative, white 0, red positive
-SIGNED_SCALE = DIVERGING_SCALE   # the older name of DIVERGING_SCALE
 MASKED_COLOUR = "#c4c4c4"        # cells the query may not look at: not white (weight 0), not a blue
 MASKED_NOTE = "grey: masked (the query may not look there)"
 SIGNED_NOTE = "signed, 0 = white"  # for a colour bar title on DIVERGING_SCALE
@@ -109,8 +108,9 @@ def _template() -> go.layout.Template:
 
 
 def title(text: str, subtitle: str | None = None, **kw) -> dict:
-    """A ``layout.title``: ``text`` (lines of at most ``TITLE_CHARS``) and, under it, ``subtitle``
-    (``title.subtitle``, 12 px; lines of at most ``SUBTITLE_LINE_CHARS``, joined with ``<br>``).
+    """A ``layout.title``: ``text`` and, under it, ``subtitle`` (``title.subtitle``, 12 px). Callers break
+    their lines with ``<br>`` (``TITLE_CHARS``, ``SUBTITLE_LINE_CHARS`` fit a phone; the widget tests
+    check them).
     ``kw``: further title properties (``font`` ...). Use it in a figure and in its slider's frames."""
     out = dict(text=text, **kw)
     out["subtitle"] = dict(text=subtitle or "")
