@@ -7,7 +7,7 @@ Serves the HTML on 127.0.0.1, opens each chapter/lab page from the table of cont
 found on this machine (``chromium``, ``chromium-browser``, ``google-chrome`` on PATH, or Playwright's
 own), and fails a page if
 
-* it should hold Plotly figures (a lab notebook, or any page whose HTML embeds a Plotly figure) and
+* it should hold Plotly figures (a lab, ``*_lab.html``, or any page whose HTML embeds a Plotly figure) and
   shows no rendered ``.js-plotly-plot`` with drawn content, or fewer than it embeds;
 * a figure with a slider does not change when its slider is moved;
 * it raises a JavaScript error (``pageerror``), a request to the site fails, or it loads anything
@@ -82,7 +82,7 @@ def serve(root: Path):
 
 
 def pages(root: Path) -> list[Path]:
-    """Every chapter and lab page (book/*.html, notebooks/*.html) plus the landing page."""
+    """Every chapter, lab and exercises page (book/*.html, notebooks/*.html) plus the landing page."""
     out = sorted(root.glob("book/*.html")) + sorted(root.glob("notebooks/*.html"))
     return [p for p in out if p.name not in ("genindex.html", "search.html")]
 
@@ -309,7 +309,7 @@ def check(root: Path, screenshots: Path | None, browser_exe: str | None, only: s
                 continue
             html = path.read_text(encoding="utf-8")
             want = expected_figures(html)
-            must_have = rel.startswith("notebooks/") or want > 0
+            must_have = rel.endswith("_lab.html") or want > 0
             page = browser.new_page(viewport={"width": 1280, "height": 900})
             errors: list[str] = []
             own: set[str] = set()          # what the page loads from the site beyond the shared assets

@@ -8,9 +8,10 @@ of ``a.b``, so those packages are edges too (except the importer's own ancestors
 already).
 
 The layers: the operator modules (``attnlib/*.py``) and ``attnlib/kernels/**`` are the library; the
-experiments (``attnlib.experiments``) and figures (``attnlib.widgets``) are built on it, never the
-other way round. ``lab.py`` and ``needle.py`` are lab code wherever they live (top level or in
-``experiments/``), and a package ``__init__`` may re-export whatever it likes.
+experiments (``attnlib.experiments``), figures (``attnlib.widgets``) and exercises
+(``attnlib.exercises``) are built on it, never the other way round. ``lab.py`` and ``needle.py`` are
+lab code wherever they live (top level or in ``experiments/``), and a package ``__init__`` may
+re-export whatever it likes.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "attnlib"
-LAB_LAYERS = ("attnlib.experiments", "attnlib.widgets")
+LAB_LAYERS = ("attnlib.experiments", "attnlib.widgets", "attnlib.exercises")
 LAB_CODE_AT_TOP = {"lab", "needle"}           # lab code that may still sit beside the operators
 
 

@@ -1,0 +1,294 @@
+"""The exercise checker: run a reader's function on the inputs an exercise lists, compare with the
+library's answer, and say in a few lines what happened.
+
+An :class:`Exercise` holds what the reader is asked (``statement``), the signature and docstring they
+fill in (taken from ``solution``), a function that makes the inputs (``cases``: random ones, then the
+degenerate and adversarial ones the library's own tests use), the worked ``solution`` and at least one
+plausible ``wrong`` answer with the words its failure must show. :func:`run` returns an
+:class:`Outcome`: ``passed``, ``failed`` (the first failing input, what was expected, what came back,
+and a hint) or ``not attempted`` (the stub still raises ``NotImplementedError``).
+
+A :class:`Case` is judged by comparing with ``expected`` (relative RMS error, the tolerance set per
+case for its dtype) or, when the answer is not unique (an adversary, a construction), by its own
+``judge``: a function of the reader's output that returns ``None`` when it is right and a sentence
+saying what is wrong otherwise.
+"""
+
+from __future__ import annotations
+
+import ast
+import copy
+import inspect
+import math
+import textwrap
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+WIDTH = 80                     # the width of a lab's output box (attnlib.experiments.lab.OUTPUT_WIDTH)
+
+# Relative RMS error allowed by default, per dtype of the inputs: the checker tests the mathematics, so
+# an answer computed in float32 from float64 inputs passes.
+TOLERANCE = {torch.float64: 1e-6, torch.float32: 1e-4, torch.bfloat16: 2e-2, torch.float16: 5e-3}
+
+
+@dataclass(frozen=True)
+class Case:
+    """One input: ``args`` passed positionally to the reader's function.
+
+    ``label`` says what the input is, in the reader's words ("T = 1", "logits of 1e4 in float16").
+    ``expected``: the library's answer (a tensor, a number, or a tuple of them), compared by relative
+    RMS error within ``tol`` (default: :data:`TOLERANCE` of the first tensor argument's dtype).
+    ``judge``: instead of ``expected``, a function ``judge(got) -> None | str`` (the string says what
+    is wrong). ``hint``: the usual mistake behind a failure on this input, shown when it fails."""
+
+    label: str
+    args: tuple
+    expected: Any = None
+    judge: Callable[[Any], str | None] | None = None
+    tol: float | None = None
+    hint: str = ""
+
+
+@dataclass(frozen=True)
+class Wrong:
+    """A plausible wrong answer and the words (``shows``, lower-case substring) its failure message
+    must contain: CI runs it and fails if the checker passes it or says something else."""
+
+    fn: Callable
+    shows: str
+
+
+@dataclass(frozen=True)
+class Exercise:
+    name: str                  # what the reader passes to lab.exercise, e.g. "softmax from the dual"
+    chapter: str               # "1" .. "7", or "A" for the appendix's kernel puzzles
+    title: str                 # the heading in the exercises notebook
+    statement: str             # markdown: what the function must compute (MyST math allowed)
+    solution: Callable         # the worked answer; its name, signature and docstring are the stub's
+    cases: Callable[[torch.Generator], list[Case]]
+    wrong: tuple[Wrong, ...]
+    diagnose: tuple[tuple[Callable[[Any, Any, Case], bool], str], ...] = ()   # (got, expected, case) -> bool
+    imports: str = "import torch"   # the lines the stub and the solution need above them
+    stub: str = ""             # the reader's starting code; default: the solution's signature and docstring
+    harness: Callable[[Callable], Callable] | None = None   # turns the reader's answer into the callable
+    #                            run on each case's args (a kernel puzzle: launches the reader's @triton.jit)
+
+    @property
+    def function_name(self) -> str:
+        return getattr(self.solution, "__name__", None) or self.solution.fn.__name__
+
+    def solution_source(self) -> str:
+        """The solution as the reader sees it (a Triton kernel's decorator included)."""
+        return textwrap.dedent(inspect.getsource(getattr(self.solution, "fn", self.solution))).rstrip() + "\n"
+
+    def stub_source(self) -> str:
+        """The code the reader starts from: ``stub``, or the solution's signature and docstring with
+        ``raise NotImplementedError`` for its body."""
+        if self.stub:
+            return textwrap.dedent(self.stub).strip("\n") + "\n"
+        fn = getattr(self.solution, "fn", self.solution)
+        tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+        node = tree.body[0]
+        lines = textwrap.dedent(inspect.getsource(fn)).splitlines()
+        doc = node.body[0]
+        has_doc = isinstance(doc, ast.Expr) and isinstance(getattr(doc, "value", None), ast.Constant)
+        end = doc.end_lineno if has_doc else node.body[0].lineno - 1
+        head = lines[:end]
+        return "\n".join(head + ["    raise NotImplementedError  # your code here"]) + "\n"
+
+
+@dataclass
+class Outcome:
+    name: str
+    status: str                # "passed", "failed" or "not attempted"
+    tried: list[str] = field(default_factory=list)
+    message: str = ""
+
+    @property
+    def passed(self) -> bool:
+        return self.status == "passed"
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def relative_rms(got: torch.Tensor, expected: torch.Tensor) -> float:
+    """``||got - expected|| / ||expected||`` in float64 (absolute when ``expected`` is 0); infinite
+    when ``got`` has a NaN or an infinity where ``expected`` is finite."""
+    g = got.detach().to(torch.float64).cpu()
+    e = expected.detach().to(torch.float64).cpu()
+    both_inf = torch.isinf(e) & (g == e)
+    g = torch.where(both_inf, 0.0, g)
+    e = torch.where(both_inf, 0.0, e)
+    if not torch.isfinite(g).all():
+        return math.inf
+    scale = e.norm().item()
+    diff = (g - e).norm().item()
+    return diff / scale if scale > 0 else diff
+
+
+def _leaves(x) -> list:
+    return list(x) if isinstance(x, (tuple, list)) else [x]
+
+
+def _as_tensor(x) -> torch.Tensor | None:
+    if isinstance(x, torch.Tensor):
+        return x
+    if isinstance(x, (int, float)) and not isinstance(x, bool):
+        return torch.tensor(float(x), dtype=torch.float64)
+    return None
+
+
+def _leaves_of(x) -> list:
+    return list(x) if isinstance(x, (tuple, list)) else [x]
+
+
+def agree(a, b, tol: float = 1e-6) -> bool:
+    """Whether ``a`` and ``b`` (tensors, numbers, or tuples of them) agree leaf by leaf: same shapes,
+    NaN in the same places, the rest within ``tol`` in relative RMS error. An output that is all NaN
+    agrees with nothing (it says nothing about which mistake made it)."""
+    a_leaves, b_leaves = _leaves_of(a), _leaves_of(b)
+    if len(a_leaves) != len(b_leaves):
+        return False
+    for x, y in zip(a_leaves, b_leaves):
+        x, y = _as_tensor(x), _as_tensor(y)
+        if x is None or y is None or tuple(x.shape) != tuple(y.shape):
+            return False
+        x, y = x.detach().to(torch.float64).cpu(), y.detach().to(torch.float64).cpu()
+        nan = x.isnan()
+        if not torch.equal(nan, y.isnan()) or (nan.numel() and nan.all()):
+            return False
+        if not relative_rms(x.nan_to_num(nan=0.0), y.nan_to_num(nan=0.0)) <= tol:
+            return False
+    return True
+
+
+def matches(wrong: Callable, tol: float = 1e-6, leaf: int | None = None):
+    """A diagnosis for :attr:`Exercise.diagnose`: the reader's output is what the wrong answer
+    ``wrong`` gives on this case's inputs (output ``leaf`` only, when given), and that is not the
+    right answer here."""
+    def predicate(got, expected, case) -> bool:
+        want = wrong(*case.args)
+        pick = (lambda x: x[leaf]) if leaf is not None else (lambda x: x)
+        return agree(pick(got), pick(want), tol) and not agree(pick(want), pick(expected), tol)
+    return predicate
+
+
+def default_tol(case: Case) -> float:
+    if case.tol is not None:
+        return case.tol
+    for a in case.args:
+        if isinstance(a, torch.Tensor) and a.is_floating_point():
+            return TOLERANCE.get(a.dtype, 1e-4)
+    return 1e-6
+
+
+def compare(got, case: Case) -> str | None:
+    """None when ``got`` matches ``case.expected``; otherwise what differs (shape, NaN, error)."""
+    want_leaves, got_leaves = _leaves(case.expected), _leaves(got)
+    if len(want_leaves) != len(got_leaves):
+        return f"expected {len(want_leaves)} output(s), got {len(got_leaves)}"
+    tol = default_tol(case)
+    for i, (w, g) in enumerate(zip(want_leaves, got_leaves)):
+        which = f"output {i}: " if len(want_leaves) > 1 else ""
+        wt, gt = _as_tensor(w), _as_tensor(g)
+        if gt is None:
+            return f"{which}expected a tensor or a number, got {type(g).__name__}"
+        if wt.numel() != gt.numel() or (wt.dim() > 0 and tuple(wt.shape) != tuple(gt.shape)):
+            return f"{which}expected shape {tuple(wt.shape)}, got {tuple(gt.shape)}"
+        if gt.is_complex():
+            return f"{which}expected a real tensor, got {gt.dtype}"
+        if torch.isnan(gt.to(torch.float64)).any() and not torch.isnan(wt.to(torch.float64)).any():
+            n = int(torch.isnan(gt.to(torch.float64)).sum())
+            return f"{which}{n} NaN(s) where the answer is finite"
+        err = relative_rms(gt.reshape(wt.shape), wt)
+        if not err <= tol:
+            return f"{which}relative RMS error {err:.2g} (allowed {tol:.0e})"
+    return None
+
+
+def preview(x, width: int = WIDTH - 12) -> str:
+    """A tensor, number or tuple as one short line: its first few values (and shape)."""
+    if isinstance(x, (tuple, list)):
+        return "(" + ", ".join(preview(v, width // max(len(x), 1)) for v in x) + ")"
+    t = _as_tensor(x)
+    if t is None:
+        return textwrap.shorten(repr(x), width)
+    if t.dim() == 0:
+        return f"{t.item():.4g}"
+    flat = t.detach().reshape(-1).to(torch.float64).cpu()
+    shown = []
+    for v in flat.tolist():
+        shown.append(f"{v:.4g}")
+        if len(", ".join(shown)) > width - 24:
+            break
+    more = ", ..." if len(shown) < flat.numel() else ""
+    return f"[{', '.join(shown)}{more}] shape {tuple(t.shape)}"
+
+
+def _clone(args: tuple) -> tuple:
+    """The inputs handed to the reader: copies, so that an in-place edit cannot change the answer."""
+    return tuple(a.clone() if isinstance(a, torch.Tensor) else copy.deepcopy(a) for a in args)
+
+
+def _lines(*parts: str) -> str:
+    out = []
+    for p in parts:
+        if p:
+            out.extend(textwrap.wrap(p, WIDTH, subsequent_indent="    ", break_on_hyphens=False) or [""])
+    return "\n".join(out)
+
+
+def run(ex: Exercise, fn: Callable, generator: torch.Generator) -> Outcome:
+    """Run ``fn`` on every case of ``ex`` (made from ``generator``) until one fails."""
+    if not callable(fn):
+        raise TypeError(f"exercise {ex.name!r}: expected your function (a callable); got {type(fn).__name__}")
+    cases = ex.cases(generator)
+    call = ex.harness(fn) if ex.harness is not None else fn
+    tried: list[str] = []
+    for n, case in enumerate(cases, start=1):
+        try:
+            got = call(*_clone(case.args))
+        except NotImplementedError:
+            return Outcome(ex.name, "not attempted", tried, _lines(
+                f"· {ex.name}: not attempted yet (fill in {ex.function_name})"))
+        except Exception as e:  # noqa: BLE001 - the reader's error is the report
+            # a name the code never defined is not what this input's hint is about
+            return _failed(ex, case, n, len(cases), tried, f"raised {type(e).__name__}: {e}", None,
+                           with_hint=not isinstance(e, (NameError, ImportError)))
+        if got is None:
+            problem = "returned None (a missing `return`?)"
+        elif case.judge is not None:
+            problem = case.judge(got)
+        else:
+            problem = compare(got, case)
+        if problem:
+            return _failed(ex, case, n, len(cases), tried, problem, got)
+        tried.append(case.label)
+    head = f"✓ {ex.name}: right on all {len(cases)} inputs"
+    return Outcome(ex.name, "passed", tried, _lines(head, f"  ({'; '.join(tried)})"))
+
+
+def _failed(ex: Exercise, case: Case, n: int, total: int, tried: list[str], problem: str, got,
+            with_hint: bool = True) -> Outcome:
+    hint = case.hint if with_hint else ""
+    if got is not None and case.judge is None:
+        for predicate, text in ex.diagnose:
+            try:
+                hit = predicate(got, case.expected, case)
+            except Exception:  # noqa: BLE001 - a diagnosis that does not apply says nothing
+                hit = False
+            if hit:
+                hint = text
+                break
+    parts = [f"✗ {ex.name}: wrong on input {n} of {total}: {case.label}", f"  {problem}"]
+    if got is not None and case.judge is None:
+        parts += [f"  expected {preview(case.expected)}", f"  got      {preview(got)}"]
+    if hint:
+        parts.append(f"  hint: {hint}")
+    if tried:
+        parts.append(f"  (right on: {'; '.join(tried)})")
+    return Outcome(ex.name, "failed", tried, _lines(*parts))
