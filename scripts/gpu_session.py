@@ -98,7 +98,7 @@ BENCH = {
     "anna": [],
     "grassmann": [],
 }
-LABS = {p.name.split("_")[0]: p for p in sorted((ROOT / "notebooks").glob("*.ipynb"))}
+LABS = {p.name.split("_")[0]: p for p in sorted((ROOT / "notebooks").glob("*_lab.ipynb"))}   # not the exercises
 
 
 # --------------------------------------------------------------------------------------------------

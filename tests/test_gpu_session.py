@@ -29,7 +29,7 @@ ANCHOR_SHAPES = set(_common.ANCHOR_SHAPES[:4])
 def test_steps_expand_to_every_benchmark_and_lab_and_reject_unknown_names():
     assert [n for _, n in gs.parse_steps(["bench"])] == list(gs.BENCH)
     labs = gs.parse_steps(["labs"])
-    assert len(labs) == len(list((ROOT / "notebooks").glob("*.ipynb"))) >= 8
+    assert len(labs) == len(list((ROOT / "notebooks").glob("*_lab.ipynb"))) >= 8
     assert gs.parse_steps(["tests:linear or delta", "labs:01,a1"]) == [
         ("tests", "linear or delta"), ("labs", "01"), ("labs", "a1")]
     with pytest.raises(ValueError, match="unknown"):
