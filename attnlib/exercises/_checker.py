@@ -27,6 +27,8 @@ from typing import Any
 
 import torch
 
+from ..metrics import rel_rms
+
 WIDTH = 80                     # the width of a lab's output box (attnlib.experiments.lab.OUTPUT_WIDTH)
 
 # Relative RMS error allowed by default, per dtype of the inputs: the checker tests the mathematics, so
@@ -116,8 +118,10 @@ class Outcome:
 
 
 def relative_rms(got: torch.Tensor, expected: torch.Tensor) -> float:
-    """``||got - expected|| / ||expected||`` in float64 (absolute when ``expected`` is 0); infinite
-    when ``got`` has a NaN or an infinity where ``expected`` is finite."""
+    """The library's measure, :func:`attnlib.metrics.rel_rms`, of ``got`` against ``expected``, with
+    what a reader's answer needs besides: equal infinities agree, a NaN or an infinity where
+    ``expected`` is finite is infinitely wrong, and against an all-zero ``expected`` (a residual, a
+    derivative at a tie) the error is absolute rather than divided by ``1e-300``."""
     g = got.detach().to(torch.float64).cpu()
     e = expected.detach().to(torch.float64).cpu()
     both_inf = torch.isinf(e) & (g == e)
@@ -125,9 +129,7 @@ def relative_rms(got: torch.Tensor, expected: torch.Tensor) -> float:
     e = torch.where(both_inf, 0.0, e)
     if not torch.isfinite(g).all():
         return math.inf
-    scale = e.norm().item()
-    diff = (g - e).norm().item()
-    return diff / scale if scale > 0 else diff
+    return rel_rms(g, e) if e.norm().item() > 0 else (g - e).norm().item()
 
 
 def _leaves(x) -> list:
@@ -142,15 +144,11 @@ def _as_tensor(x) -> torch.Tensor | None:
     return None
 
 
-def _leaves_of(x) -> list:
-    return list(x) if isinstance(x, (tuple, list)) else [x]
-
-
 def agree(a, b, tol: float = 1e-6) -> bool:
     """Whether ``a`` and ``b`` (tensors, numbers, or tuples of them) agree leaf by leaf: same shapes,
     NaN in the same places, the rest within ``tol`` in relative RMS error. An output that is all NaN
     agrees with nothing (it says nothing about which mistake made it)."""
-    a_leaves, b_leaves = _leaves_of(a), _leaves_of(b)
+    a_leaves, b_leaves = _leaves(a), _leaves(b)
     if len(a_leaves) != len(b_leaves):
         return False
     for x, y in zip(a_leaves, b_leaves):
