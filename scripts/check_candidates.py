@@ -16,9 +16,9 @@ through ``backend="torch"``.
     TRITON_INTERPRET=1 python scripts/check_candidates.py --list     # the candidates only
 
 The result, ``benchmarks/results/candidates_executed.json``, holds per candidate its targets, its error
-and its time, with the versions, the date and the inputs' fingerprint (:func:`fingerprint`: the kernel
-sources, the ops, this script, torch, triton, Python); ``tests/test_candidates.py`` checks that the
-committed result is of the present code and passed, and runs one candidate per launch live.
+and its time, with the versions, the date and the inputs it was made from (:func:`stamp`: every
+repository file this script executes, torch, triton, Python); ``tests/test_candidates.py`` checks that
+the committed result is of the present code and passed, and runs one candidate per launch live.
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
-import hashlib
 import importlib.metadata
 import json
 import os
@@ -49,6 +48,7 @@ from attnlib.kernels.flash import backward as flash_bwd  # noqa: E402, F401
 from attnlib.kernels.flash import forward as flash_fwd  # noqa: E402, F401
 from attnlib.kernels.linear import segments  # noqa: E402
 from attnlib.metrics import rel_rms  # noqa: E402
+from benchmarks import artifacts  # noqa: E402
 
 RESULT = ROOT / "benchmarks" / "results" / "candidates_executed.json"
 TARGETS = {"sm_75": (7, 5), "sm_80": (8, 0), "sm_89": (8, 9), "sm_90": (9, 0)}
@@ -67,29 +67,15 @@ OP = {"chunk_state._fwd_h_split": "linear", "chunk_state._fwd_h_full": "gated_de
       "flash.backward._dkdv": "softmax", "flash.backward._dq": "softmax", "flash.backward._fused": "softmax_fused"}
 
 
-# What the result depends on besides the kernels: the ops it runs them through and what they dispatch by.
-OP_MODULES = ("attention.py", "linear.py", "deltanet.py", "_backend.py", "_validate.py", "_numerics.py")
-
-
-def fingerprint() -> str:
-    """A hash of what the result depends on: the kernel sources (``attnlib/kernels``), the ops that run
-    them (:data:`OP_MODULES`), this script, and the torch, triton and Python versions."""
-    h = hashlib.sha256()
-    files = sorted((ROOT / "attnlib" / "kernels").rglob("*.py")) + [ROOT / "attnlib" / m for m in OP_MODULES]
-    for f in [*files, Path(__file__).resolve()]:
-        h.update(f.relative_to(ROOT).as_posix().encode() + b"\0" + f.read_bytes() + b"\0")
-    h.update(versions_text().encode())
-    return h.hexdigest()
+def stamp() -> dict:
+    """What the result is made from (:mod:`benchmarks.artifacts`): every repository file this script executes
+    -- the kernels, the ops that run them, this script -- by hash, and the torch, triton and Python versions."""
+    return artifacts.stamp(artifacts.by_script(__file__))
 
 
 def versions() -> dict:
     return {"torch": torch.__version__, "triton": importlib.metadata.version("triton"),
             "python": platform.python_version()}
-
-
-def versions_text() -> str:
-    v = versions()
-    return f"torch={v['torch']}\0triton={v['triton']}\0python={'.'.join(v['python'].split('.')[:2])}"
 
 
 def _args(name: str, head_dim: int, dtype: torch.dtype, key_block: int) -> dict:
@@ -245,18 +231,14 @@ def main(argv=None) -> int:
     ap.add_argument("--list", action="store_true", help="list the candidates and exit")
     ap.add_argument("--launch", help="only this launch (e.g. chunk_o._dqk)")
     ap.add_argument("--out", default=str(RESULT), help="where to write the JSON (default: the committed result)")
-    ap.add_argument("--fingerprint", action="store_true", help="print the inputs' fingerprint and exit")
     a = ap.parse_args(argv)
     if not launch.INTERPRET:
         ap.error("set TRITON_INTERPRET=1: the candidates are forced through Triton's interpreter")
-    if a.fingerprint:
-        print(fingerprint())
-        return 0
     # The interpreter reads each kernel's source at its first call: fingerprint the files, make every
     # kernel read (warm_up), and check that nothing changed meanwhile -- then the run is of that code.
-    inputs = fingerprint()
+    inputs = stamp()
     warm_up()
-    if fingerprint() != inputs:
+    if stamp() != inputs:
         print("the kernels, ops or this script changed while they were read: run it again", file=sys.stderr)
         return 2
     todo = [e for e in tilings() if a.launch in (None, e["launch"])]
@@ -277,7 +259,7 @@ def main(argv=None) -> int:
     per_target = {t: {n: sum(t in c["targets"] for e in todo if e["launch"] == n for c in e["candidates"])
                       for n in sorted(launch.TUNED)} for t in TARGETS}
     # Edited since (another change under way)? The result stands for the code fingerprinted, not the new one.
-    result = {"inputs_sha256": inputs, "edited_during_run": fingerprint() != inputs, "versions": versions(),
+    result = {**inputs, "edited_during_run": stamp() != inputs, "versions": versions(),
               "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "head_dims": list(HEAD_DIMS), "chunk": CHUNK, "tolerance": TOLERANCE, "seconds": total,
               "candidates": n_candidates, "candidates_per_target": per_target,

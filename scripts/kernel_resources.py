@@ -35,7 +35,10 @@ Run with TRITON_INTERPRET unset, from the repository root:
 
 The ``SPILLS`` tables themselves come from ``kernel_report.py --spill-tables``.
 
-``--json-stdout`` prints the rows as one JSON line (``tests/test_kernel_registers.py`` reads it).
+``--json-stdout`` prints the rows as one JSON line. ``--checked-runs`` compiles the runs that
+``tests/test_kernel_registers.py`` asserts on (:data:`CHECKED_RUNS`), each in its own process, and writes
+their rows with the inputs they were made from to ``benchmarks/results/kernel_registers_cache.json``
+(``python -m benchmarks.artifacts`` says whether that file is current; ``make artifacts`` remakes it).
 """
 
 from __future__ import annotations
@@ -44,7 +47,11 @@ import argparse
 import contextlib
 import datetime
 import json
+import os
+import subprocess
 import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 import triton
@@ -65,6 +72,38 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 SEQ_LEN = 4096                                    # the length the integers are specialised for (T % 16 == 0)
 BLOCK_SIZE = 128                                  # the block-sparse mask's block: the widest kernel tiles
 INDEX_HEADS, TOP_K = 4, 2048                      # top-k attention: index heads, keys per query (DeepSeek's k)
+CACHE = ROOT / "benchmarks" / "results" / "kernel_registers_cache.json"
+
+# ----------------------------------------------------------------------------- what the tests assert on
+
+FLASH = ("_flash_fwd_kernel", "_flash_bwd_dkdv_kernel", "_flash_bwd_dq_kernel")
+BLOCK_SPARSE = ("_block_sparse_fwd_kernel", "_block_sparse_bwd_dkdv_kernel", "_block_sparse_bwd_dq_kernel")
+TOPK = ("_index_scores_fwd_kernel", "_index_scores_bwd_dq_kernel", "_index_scores_bwd_dk_kernel",
+        "_topk_attn_fwd_kernel", "_topk_attn_bwd_kernel")
+CHUNKED_WORKLOADS = "linear,linear non-causal,delta,gated delta,gated delta dq only"
+_FLASH_CAUSAL = "flash,flash fused,block-sparse"
+_FLASH_NON_CAUSAL = "flash non-causal,flash fused non-causal,block-sparse non-causal"
+
+
+def _flash_run(sm: int, dtype: str, workloads: str, *extra: str) -> list[str]:
+    # A candidate kept at several widths is compiled at the widest only, one causality and dtype per run:
+    # bf16 and fp16 give the same registers, causal and non-causal within a few and the same spills.
+    return ["--kernels", ",".join(FLASH + BLOCK_SPARSE), "--dims", "64", "128", "256", "--dtypes", dtype,
+            "--widest-only", "--workloads", workloads, "--sm", str(sm), *extra]
+
+
+# The runs tests/test_kernel_registers.py reads, by name: this script's arguments for each. They are
+# compiled together by --checked-runs (about 12 CPU-minutes) into CACHE, never by the tests.
+CHECKED_RUNS = {
+    **{f"chunked D256 sm_{sm}": ["--dims", "256", "--dtypes", "bf16", "--workloads", CHUNKED_WORKLOADS,
+                                 "--sm", str(sm)] for sm in (80, 89, 90)},
+    "flash sm_80 bf16 causal": _flash_run(80, "bf16", _FLASH_CAUSAL),
+    "flash sm_89 fp16 non-causal": _flash_run(89, "fp16", _FLASH_NON_CAUSAL),
+    "flash sm_90 bf16 causal": _flash_run(90, "bf16", _FLASH_CAUSAL),
+    "flash sm_90 fp16 non-causal pointers": _flash_run(90, "fp16", _FLASH_NON_CAUSAL, "--no-tma"),
+    **{f"topk sm_{sm}": ["--kernels", ",".join(TOPK), "--dims", "64", "128", "256", "--dtypes", "bf16", "fp16",
+                         "--workloads", "topk", "--sm", str(sm)] for sm in (80, 89, 90)},
+}
 
 
 # ----------------------------------------------------------------------------- what the wrappers launch
@@ -235,8 +274,43 @@ def fmt_row(r: dict) -> str:
             f"{r['mma']:>8} {'yes' if r['tma'] else 'no'}")
 
 
+def _one_run(name: str) -> tuple[str, list[dict], float]:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    t0 = time.time()
+    proc = subprocess.run([sys.executable, __file__, "--no-save", "--json-stdout", *CHECKED_RUNS[name]],
+                          capture_output=True, text=True, env=env, cwd=ROOT)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{name}: {proc.stderr[-4000:]}")
+    return name, json.loads(proc.stdout.strip().splitlines()[-1]), time.time() - t0
+
+
+def checked_runs(jobs: int) -> int:
+    """Compile every run of :data:`CHECKED_RUNS` (``jobs`` processes at a time; each compile is
+    single-threaded) and write CACHE, stamped with the inputs it was made from."""
+    from benchmarks import artifacts
+
+    stamp = artifacts.stamp(artifacts.by_script(__file__))
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        done = {}
+        for name, rows, seconds in pool.map(_one_run, sorted(CHECKED_RUNS)):
+            print(f"{name}: {len(rows)} launches compiled in {seconds:.0f} s", file=sys.stderr, flush=True)
+            done[name] = {"args": CHECKED_RUNS[name], "rows": rows}
+    if artifacts.stamp(artifacts.by_script(__file__)) != stamp:
+        print("the kernels or this script changed while they were compiled: run it again", file=sys.stderr)
+        return 2
+    CACHE.write_text(json.dumps({**stamp, "triton": triton.__version__, "torch": torch.__version__,
+                                 "date": datetime.date.today().isoformat(), "runs": done}, indent=0, sort_keys=True)
+                     + "\n")
+    print(f"wrote {CACHE.relative_to(ROOT)}", file=sys.stderr)
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--checked-runs", action="store_true",
+                    help=f"compile the runs the register tests read and write {CACHE.relative_to(ROOT)}")
+    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="processes at a time (--checked-runs)")
     ap.add_argument("--dims", type=int, nargs="+", default=[64, 128, 256])
     ap.add_argument("--sm", type=int, nargs="+", default=[90], choices=SMS,
                     help="targets: 80 (A100), 89 (L4; also the sm_86 parts' table), 90 (H100); default 90")
@@ -252,6 +326,8 @@ def main(argv=None) -> int:
     ap.add_argument("--widest-only", action="store_true",
                     help="compile a launch that recurs at several --dims at the widest only (not saved)")
     a = ap.parse_args(argv)
+    if a.checked_runs:
+        return checked_runs(max(1, a.jobs))
     names = set(filter(None, a.kernels.split(",")))
     only = set(filter(None, a.workloads.split(",")))
     print(HEADER, file=sys.stderr)

@@ -5,9 +5,10 @@ pruning hook keeps. The script forces each tiling the hooks keep for sm_75/sm_80
 64 and 128 through the interpreter, forward and backward through the public op, against float64 -- too
 slow for every run of the suite (175 candidates in 115 tilings: 404 s on two cores shared with other
 work), so its result is committed
-(``benchmarks/results/candidates_executed.json``) with the fingerprint of the code it ran; here:
+(``benchmarks/results/candidates_executed.json``) stamped with the inputs it was made from
+(``benchmarks/artifacts.py``); here:
 
-* the committed result is of this code (same fingerprint: kernels, ops, script, versions), lists exactly
+* the committed result is of this code (the same stamp: kernels, ops, script, versions), lists exactly
   the tilings the hooks keep now, and every one passed;
 * one tiling per launch runs live (:func:`_sample`), about a minute (measured 67 s);
 * the check catches a planted tiling bug: a tile offset that is wrong only when the key and value tiles
@@ -28,6 +29,7 @@ import triton
 import triton.language as tl
 
 from attnlib.kernels.linear import segments
+from benchmarks import artifacts
 
 ROOT = Path(__file__).resolve().parent.parent
 _spec = importlib.util.spec_from_file_location("check_candidates", ROOT / "scripts" / "check_candidates.py")
@@ -52,9 +54,9 @@ def _sample() -> list[dict]:
 
 def test_the_committed_result_is_of_this_code_and_every_candidate_passed():
     committed = json.loads(cc.RESULT.read_text())
-    assert committed["inputs_sha256"] == cc.fingerprint(), (
-        "benchmarks/results/candidates_executed.json was made from other code or versions: run "
-        "TRITON_INTERPRET=1 python scripts/check_candidates.py and commit the result")
+    result = artifacts.BY_NAME["every autotuning candidate run"]
+    why = artifacts.staleness(result, committed)
+    assert not why, artifacts.stale_message(result, why)
     now = {_key(e) for e in cc.tilings()}
     assert {_key(e) for e in committed["tilings"]} == now
     bad = [(cc.label(e), e["failure"]) for e in committed["tilings"] if e["failure"]]

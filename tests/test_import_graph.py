@@ -1,5 +1,6 @@
-"""attnlib's import graph, read from the source (ast, nothing imported): no module may import itself
-through others, and the operators and kernels never reach for the labs' code.
+"""attnlib's import graph, read from the source (ast, nothing imported; ``attnlib._provenance`` reads
+it): no module may import itself through others, and the operators and kernels never reach for the
+labs' code.
 
 A cycle works at runtime only as long as the import order happens to suit it (``grassmann`` and its
 kernel once imported each other through a function-level import), so every import counts: at the top
@@ -16,62 +17,24 @@ re-export whatever it likes.
 
 from __future__ import annotations
 
-import ast
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-PKG = ROOT / "attnlib"
+from attnlib._provenance import graph, modules, within
+
 LAB_LAYERS = ("attnlib.experiments", "attnlib.widgets", "attnlib.exercises")
 LAB_CODE_AT_TOP = {"lab", "needle"}           # lab code that may still sit beside the operators
 
 
-def _module_name(path: Path) -> str:
-    parts = path.relative_to(ROOT).with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+def _graph() -> dict[str, set[str]]:
+    """attnlib's import graph (``attnlib._provenance`` reads it; it also stamps committed results with it)."""
+    return graph(("attnlib",))
 
 
 def _modules() -> dict[str, Path]:
-    return {_module_name(p): p for p in sorted(PKG.rglob("*.py"))}
+    return modules(("attnlib",))
 
 
-def _within(name: str, prefix: str) -> bool:
-    return name == prefix or name.startswith(prefix + ".")
-
-
-def _imports(name: str, path: Path, known: dict[str, Path]) -> set[str]:
-    """The attnlib modules that importing ``name`` (the file ``path``) executes, by its own import statements."""
-    is_pkg = path.name == "__init__.py"
-    here = name if is_pkg else name.rpartition(".")[0]          # the package relative imports start from
-    targets: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
-        if isinstance(node, ast.Import):
-            targets.update(a.name for a in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base_parts = here.split(".")[:len(here.split(".")) - (node.level - 1)]
-                base = ".".join(base_parts + ([node.module] if node.module else []))
-            else:
-                base = node.module or ""
-            for a in node.names:
-                sub = f"{base}.{a.name}"
-                targets.add(sub if sub in known else base)      # `from pkg import submodule` runs it
-    edges = set()
-    for t in targets:
-        while t and t not in known:                             # `import attnlib.x.f`: the module part
-            t = t.rpartition(".")[0]
-        if not t:
-            continue
-        parts = t.split(".")
-        for k in range(1, len(parts) + 1):                      # the packages above the target run first
-            mod = ".".join(parts[:k])
-            if mod in known and not (mod != t and _within(name, mod)) and mod != name:
-                edges.add(mod)
-    return edges
-
-
-def _graph() -> dict[str, set[str]]:
-    known = _modules()
-    return {name: _imports(name, path, known) for name, path in known.items()}
+_within = within
 
 
 def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:

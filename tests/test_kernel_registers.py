@@ -9,35 +9,33 @@ the device has fails to launch -- neither of which Triton's interpreter can see.
 checks what the report does not: the chunked kernels at the widest head they take (D = 256), and the
 flash and block-sparse kernels at D = 64, 128 and 256 in both backward forms, both causalities, on sm_90
 through tensor descriptors and through pointers, and the top-k kernels (indexer and gathered attention)
-at D = 64, 128 and 256. The counts come from ``scripts/kernel_resources.py``
-(``ptxas -v``), in a subprocess with the interpreter off -- or from ``CACHE``, the counts committed for
-exactly this code and these versions (see there)."""
+at D = 64, 128 and 256. The counts come from ``scripts/kernel_resources.py --checked-runs`` (``ptxas -v``,
+about 12 CPU-minutes), committed in ``benchmarks/results/kernel_registers_cache.json`` with the inputs
+they were made from (``benchmarks/artifacts.py``). Nothing here compiles: a test reads the committed
+counts when they are of this code and these versions, and fails at once, naming the command that makes
+them again, when they are not -- so a kernel that spills or overflows still cannot land."""
 
-import json
+import importlib.util
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-from ._kernel_inputs import compile_env, inputs_fingerprint, known_spill
+from benchmarks import artifacts
 
-ROOT = Path(__file__).resolve().parent.parent
+from ._kernel_inputs import ROOT, known_spill
+
+# scripts/ is a folder of commands: the one that owns the runs is loaded by its path.
+_spec = importlib.util.spec_from_file_location("kernel_resources", ROOT / "scripts" / "kernel_resources.py")
+kr = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(kr)
+REGISTERS = artifacts.BY_NAME["register counts"]
 
 
-# Rows measured for each set of runs, with the inputs fingerprint they were measured at
-# (``scripts/kernel_report.py --fingerprint``: attnlib's ops and kernels, the two scripts, the torch, triton
-# and fla versions). Rows of the same runs at the same fingerprint are what compiling again would give; a
-# change to any of those inputs makes the tests compile afresh and rewrite this file (commit it).
-CACHE = ROOT / "benchmarks" / "results" / "kernel_registers_cache.json"
-
-
-def compiled_resources(kernels, dims, dtypes=("bf16",), extra=(), more_runs=()):
-    """Rows of ``scripts/kernel_resources.py`` for these kernels, or skip where sm_90 cannot be compiled.
-    ``extra``: more arguments to the script; ``more_runs``: further ``(kernels, dims, dtypes, extra)``, run
-    at the same time in their own processes (each compile is single-threaded). Taken from ``CACHE`` when it
-    holds these runs at the current inputs fingerprint."""
+def compiled_resources(*names: str) -> list[dict]:
+    """The rows of these runs of ``scripts/kernel_resources.py`` (:data:`CHECKED_RUNS` there), read from
+    the committed ``benchmarks/results/kernel_registers_cache.json``; skipped where sm_90 cannot be
+    compiled (the rows would be of a compiler this machine does not have), failed at once when the file
+    is not of this code and these versions."""
     try:
         from triton import knobs
         from triton.backends.nvidia.compiler import CUDABackend  # noqa: F401
@@ -46,30 +44,17 @@ def compiled_resources(kernels, dims, dtypes=("bf16",), extra=(), more_runs=()):
             raise FileNotFoundError(knobs.nvidia.ptxas.path)
     except Exception as exc:  # noqa: BLE001 - a triton without its CUDA backend or ptxas cannot compile for sm_90
         pytest.skip(f"triton's CUDA backend or ptxas is not available: {exc}")
-    runs = [(kernels, dims, dtypes, extra), *more_runs]
-    key = json.dumps([[list(k), list(map(int, d)), list(t), list(x)] for k, d, t, x in runs])
-    fingerprint = inputs_fingerprint()
-    cache = json.loads(CACHE.read_text()) if CACHE.exists() else {}
-    if cache.get("inputs_sha256") != fingerprint:
-        cache = {"inputs_sha256": fingerprint, "runs": {}}
-    if key in cache["runs"]:
-        return cache["runs"][key]
-    env = compile_env()
-    procs = [subprocess.Popen([sys.executable, str(ROOT / "scripts" / "kernel_resources.py"), "--no-save",
-                               "--json-stdout", "--kernels", ",".join(k), "--dims", *map(str, d), "--dtypes", *t, *x],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
-             for k, d, t, x in runs]
+    cache = artifacts.committed(REGISTERS)
+    why = artifacts.staleness(REGISTERS, cache)
+    if why:
+        pytest.fail(artifacts.stale_message(REGISTERS, why), pytrace=False)
     rows = []
-    for proc in procs:
-        out, err = proc.communicate(timeout=600)
-        assert proc.returncode == 0, err[-4000:]
-        rows += json.loads(out.strip().splitlines()[-1])
-    cache["runs"][key] = rows
-    CACHE.write_text(json.dumps(cache, indent=0, sort_keys=True) + "\n")
+    for name in names:
+        run = cache["runs"].get(name)
+        assert run is not None and run["args"] == kr.CHECKED_RUNS[name], (
+            f"run {name!r} is not in {REGISTERS.path} as it is listed now: `{REGISTERS.shell()}`")
+        rows += run["rows"]
     return rows
-
-
-CHUNKED_WORKLOADS = "linear,linear non-causal,delta,gated delta,gated delta dq only"
 
 
 def test_chunked_kernels_at_d256_fit_and_spill_no_registers_on_every_target():
@@ -77,8 +62,7 @@ def test_chunked_kernels_at_d256_fit_and_spill_no_registers_on_every_target():
     at D = 256 in bf16: every launch -- every kept candidate -- on sm_80, sm_89 and sm_90."""
     from attnlib.kernels.common.launch import SHARED_MEMORY
 
-    runs = [((), (256,), ("bf16",), ("--workloads", CHUNKED_WORKLOADS, "--sm", str(sm))) for sm in (80, 89, 90)]
-    rows = compiled_resources(*runs[0], more_runs=runs[1:])
+    rows = compiled_resources(*(f"chunked D256 sm_{sm}" for sm in (80, 89, 90)))
     for sm in (80, 89, 90):
         mine = [r for r in rows if r["sm"] == sm]
         # (at D = 256 linear attention's causal forward is the two-pass form: state pass, then outputs)
@@ -94,8 +78,7 @@ def test_chunked_kernels_at_d256_fit_and_spill_no_registers_on_every_target():
         assert all(0 < r["registers"] <= 255 for r in mine)
 
 
-FLASH = ("_flash_fwd_kernel", "_flash_bwd_dkdv_kernel", "_flash_bwd_dq_kernel")
-BLOCK_SPARSE = ("_block_sparse_fwd_kernel", "_block_sparse_bwd_dkdv_kernel", "_block_sparse_bwd_dq_kernel")
+FLASH = kr.FLASH
 # Shared memory per block (the opt-in maximum) of the GPU each target stands for: A100, L4, H100.
 SHARED_BYTES = {80: 163 * 1024, 89: 99 * 1024, 90: 227 * 1024}
 
@@ -146,14 +129,14 @@ def test_flash_autotune_candidates_fit_and_spill_no_registers_on_every_target():
     measurement (``scripts/kernel_report.py --spill-tables``) behind the tables."""
     from attnlib.kernels.common.launch import SHARED_MEMORY
 
-    quick = ("--widest-only", "--workloads")
-    causal = "flash,flash fused,block-sparse"
-    non_causal = "flash non-causal,flash fused non-causal,block-sparse non-causal"
-    runs = [(80, "bf16", causal, ()), (89, "fp16", non_causal, ()), (90, "bf16", causal, ()),
-            (90, "fp16", non_causal, ("--no-tma",))]
-    procs = [(FLASH + BLOCK_SPARSE, (64, 128, 256), (dt,), (*quick, w, "--sm", str(sm), *x)) for sm, dt, w, x in runs]
-    rows = compiled_resources(*procs[0], more_runs=procs[1:])
-    for sm, dt, _, x in runs:
+    runs = {"flash sm_80 bf16 causal": (80, "bf16", ()), "flash sm_89 fp16 non-causal": (89, "fp16", ()),
+            "flash sm_90 bf16 causal": (90, "bf16", ()),
+            "flash sm_90 fp16 non-causal pointers": (90, "fp16", ("--no-tma",))}
+    assert all((sm, dt) == (int(kr.CHECKED_RUNS[n][kr.CHECKED_RUNS[n].index("--sm") + 1]),
+                            kr.CHECKED_RUNS[n][kr.CHECKED_RUNS[n].index("--dtypes") + 1])
+               and ("--no-tma" in kr.CHECKED_RUNS[n]) == bool(x) for n, (sm, dt, x) in runs.items())
+    rows = compiled_resources(*runs)
+    for sm, dt, x in runs.values():
         mine = [r for r in rows if r["sm"] == sm and r["dtype"] == dt]
         causal = dt == "bf16"
         assert mine and all(("CAUSAL" in r["flags"]) == causal for r in mine)
@@ -171,8 +154,7 @@ def test_flash_autotune_candidates_fit_and_spill_no_registers_on_every_target():
         assert all(0 < r["registers"] <= 255 for r in mine)
 
 
-TOPK = ("_index_scores_fwd_kernel", "_index_scores_bwd_dq_kernel", "_index_scores_bwd_dk_kernel",
-        "_topk_attn_fwd_kernel", "_topk_attn_bwd_kernel")
+TOPK = kr.TOPK
 
 
 def test_topk_kernels_fit_and_spill_no_registers_on_every_target():
@@ -185,8 +167,7 @@ def test_topk_kernels_fit_and_spill_no_registers_on_every_target():
     CUDA cores, and three of its launches spill 4-8 bytes."""
     from attnlib.kernels.common.launch import SHARED_MEMORY
 
-    runs = [(TOPK, (64, 128, 256), ("bf16", "fp16"), ("--workloads", "topk", "--sm", str(sm))) for sm in (80, 89, 90)]
-    rows = compiled_resources(*runs[0], more_runs=runs[1:])
+    rows = compiled_resources(*(f"topk sm_{sm}" for sm in (80, 89, 90)))
     for sm in (80, 89, 90):
         mine = [r for r in rows if r["sm"] == sm]
         assert {r["kernel"] for r in mine} == set(TOPK), sm

@@ -4,11 +4,10 @@
 The report captures every launch that ``backend="auto"`` makes for softmax attention, linear attention,
 the delta rule and the gated delta rule (bf16, forward and forward+backward, every benchmark shape) on
 fake sm_75 / sm_80 / sm_89 / sm_90 devices, and the same for fla; it compiles each distinct
-specialisation of attnlib's Triton launches for sm_80, sm_89 and sm_90 (``ptxas -v``, TTGIR). It runs
-once per test session, in subprocesses with the interpreter off (``tests/conftest.py`` turns it on for
-this process), two at a time on two cores: measured 3 min 22 s for this file on a 2-core machine shared
-with other work (5 min 6 s of CPU, two thirds of it compiling 225 distinct specialisations; the
-captures take the rest, mostly sm_75's PyTorch reference loops at T = 65536).
+specialisation of attnlib's Triton launches for sm_80, sm_89 and sm_90 (``ptxas -v``, TTGIR). Making it
+takes some 17 CPU-minutes (two thirds of it compiling the distinct specialisations; the captures take
+the rest, mostly sm_75's PyTorch reference loops at T = 65536), so it is made by its script, committed,
+and read here.
 
 Each test asserts one property of the kernels over that whole matrix:
 
@@ -22,14 +21,16 @@ Each test asserts one property of the kernels over that whole matrix:
   delta rule, forward and forward+backward, at every benchmark shape (bytes: each tensor a launch
   uses, once per launch -- the report's ``"bytes"`` says exactly what is counted).
 
-The committed report (``benchmarks/results/kernel_report.json``) stands in for a new one when it was made
-from the same inputs (its ``inputs_sha256``: attnlib's ops and kernels, the report's package and scripts,
-the shapes, the torch, triton and fla versions); after any change to those the report is made here again,
-as described above. Regenerate and commit it with ``PYTHONPATH=$PWD python scripts/kernel_report.py``
-after changing a kernel.
+The tests read the committed report (``benchmarks/results/kernel_report.json``), which is stamped with
+the inputs it was made from (``benchmarks/artifacts.py``: every repository file the script executes --
+attnlib's ops and kernels, the report's package, the shapes -- and the torch, triton and fla versions).
+When those are not the inputs here, every test fails at once with the command that makes the report
+again (``python scripts/kernel_report.py``, or ``make artifacts``; about 17 CPU-minutes): nothing here
+compiles, so a kernel change without a new report cannot land, and neither can one whose new report
+shows a spill or an overflow.
 
-Tests skip (with the reason) where Triton's CUDA backend or ptxas is missing (nothing compiles) or fla
-is not installed (no anchor for the bytes).
+The compiled properties are skipped (with the reason) where Triton's CUDA backend or ptxas is missing:
+the committed compile is of a ptxas this machine does not have.
 """
 
 import functools
@@ -38,16 +39,15 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
 
-from ._kernel_inputs import compile_env, inputs_fingerprint, known_spill
+from benchmarks import artifacts
+
+from ._kernel_inputs import compile_env, known_spill
 
 ROOT = Path(__file__).resolve().parent.parent
-SCRIPT = ROOT / "scripts" / "kernel_report.py"
-COMMITTED = ROOT / "benchmarks" / "results" / "kernel_report.json"
 COMPILED = ("sm_80", "sm_89", "sm_90")
 CHUNKED = ("linear", "delta", "gated_delta")
 
@@ -65,45 +65,29 @@ def _ptxas_missing() -> str | None:
     return None
 
 
-def _fla_missing() -> str | None:
-    if importlib.util.find_spec("fla") is None:
-        return "fla (fla-core) is not installed: no anchor for the chunked ops' bytes"
-    return None
-
-
-def _committed_report_of_this_code() -> dict | None:
-    """The committed report (``benchmarks/results/kernel_report.json``), when it was made from exactly
-    the code and versions here -- the same inputs fingerprint (``kernel_report.py --fingerprint``: the
-    ops and kernels, the script, torch, triton and its ptxas, fla). Compiling again would give the same
-    report; any change to a kernel, a wrapper or a version makes the tests build it afresh."""
-    if not COMMITTED.exists():
-        return None
-    committed = json.loads(COMMITTED.read_text())
-    return committed if committed.get("inputs_sha256") == inputs_fingerprint() else None
+REPORT = artifacts.BY_NAME["kernel report"]
 
 
 @functools.cache
+def _report_or_why() -> tuple[dict | None, str | None]:
+    report = artifacts.committed(REPORT)
+    why = artifacts.staleness(REPORT, report)
+    return (None, artifacts.stale_message(REPORT, why)) if why else (report, None)
+
+
 def report() -> dict:
-    """The whole report: every op, shape and target; compiled where ptxas is available; with fla where it
-    is installed. The committed one when its inputs are these; otherwise made here, once."""
+    """The committed report: every op, shape and target, compiled, with fla. Made from exactly the inputs
+    here, or the test fails with the command that makes it again."""
     if importlib.util.find_spec("triton") is None:
         pytest.skip("triton is not installed")
-    if not _ptxas_missing() and not _fla_missing() and (committed := _committed_report_of_this_code()):
-        return committed
-    env = compile_env()
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "kernel_report.json"
-        # fla only where attnlib runs its kernels: the bytes are compared there (sm_75 runs PyTorch).
-        cmd = [sys.executable, str(SCRIPT), "--no-save", "--json-out", str(out), "--fla-targets", ",".join(COMPILED)]
-        cmd += ["--no-compile"] if _ptxas_missing() else []
-        cmd += ["--no-fla"] if _fla_missing() else []
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=1800)
-        assert proc.returncode == 0, proc.stderr[-6000:]
-        return json.loads(out.read_text())
+    committed, why = _report_or_why()
+    if why:
+        pytest.fail(why, pytrace=False)
+    return committed
 
 
 def compiled_report() -> dict:
-    why = _ptxas_missing()
+    why = _ptxas_missing()          # the committed compile is of a ptxas this machine lacks: nothing to compare
     if why:
         pytest.skip(why)
     return report()
@@ -165,9 +149,6 @@ def test_auto_launches_no_triton_kernel_on_sm75():
 
 
 def test_attnlib_touches_no_more_bytes_than_fla_in_the_chunked_ops():
-    why = _fla_missing()
-    if why:
-        pytest.skip(why)
     rows = [row for row in report()["rows"] if row["op"] in CHUNKED and row["target"] in COMPILED]
     assert len(rows) == len(CHUNKED) * len(report()["shapes"]) * len(COMPILED) * 2
     assert all(row["anchor"]["name"] == "fla" and row["attnlib"]["backend"] == "triton" for row in rows)
@@ -183,10 +164,12 @@ def test_the_script_and_the_package_are_one_command_over_the_benchmarks_shapes()
     from benchmarks._common import ANCHOR_SHAPES
 
     env = compile_env()
-    cmd = [sys.executable, "-m", "benchmarks.kernel_report"]
-    proc = subprocess.run([*cmd, "--fingerprint"], capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    assert proc.stdout.strip() == inputs_fingerprint()
+    printed = []
+    for cmd in ([sys.executable, "-m", "benchmarks.kernel_report"], [sys.executable, "scripts/kernel_report.py"]):
+        proc = subprocess.run([*cmd, "--fingerprint"], capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        printed.append(proc.stdout.strip())
+    assert printed[0] == printed[1] == artifacts.stamp(REPORT)["inputs_sha256"]
     code = ("import benchmarks.kernel_report.targets as t, json; print(json.dumps([t.SHAPES, "
             "__import__('os').environ.get('TRITON_INTERPRET')]))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

@@ -20,6 +20,7 @@ dispatch; the experiments that chapters run on them live here, one submodule per
     roofline  counted FLOPs and bytes per op against a GPU's two ceilings (the appendix)
     needle   chapter 2's toy algorithms, the adversary that defeats each, and their work counts
     lab      the labs' common set-up and checks (seeds, device, quick/full scale, figure rendering)
+    lab_runs  a lab's minutes-long training runs, committed with what made them (lab.run reads them)
 
 The two instruments they share, :func:`_measure.count_flops` (FLOPs by PyTorch's counter) and
 :func:`_measure.interleaved_cpu_ms` (CPU time of interleaved repeats), live once in ``_measure``.

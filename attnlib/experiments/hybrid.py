@@ -17,6 +17,9 @@ list: the first pair is the one written longest before the queries), :func:`answ
 (does the model answer with the value listed most often -- counting, not recalling) and
 :func:`recall_without` (recall with some layers' mixers switched off: which layers do the recalling).
 
+:func:`short_run` is the lab's short run: every ratio from a few seeds, trained and probed, as plain
+numbers (which ``lab.run`` may read from its committed run in quick mode).
+
 The grid (``scripts/hybrid_grid.py``: every ratio at several learning rates and seeds, with learning
 curves, on a task that fits a layer's state and one that exceeds it) is read by :func:`steps_to_recall`,
 :func:`grid_summary` and :func:`grid_curves`, which take its parsed JSON and train nothing.
@@ -33,7 +36,7 @@ import torch.nn as nn
 
 from .. import _validate
 from ._measure import count_flops
-from .mqar import MIXERS, mqar_batch, recall_accuracy
+from .mqar import MIXERS, mqar_batch, recall_accuracy, train_recall
 
 LINEAR_MIXERS = tuple(m for m in MIXERS if m != "softmax")
 ALL_LINEAR = math.inf          # the ratio of a model without full layers (f = 1 / (inf + 1) = 0)
@@ -144,6 +147,55 @@ def recall_without(model: nn.Module, layers: Sequence[int], tokens: torch.Tensor
     finally:
         for h in handles:
             h.remove()
+
+
+def short_run(*, n_pairs: int, n_keys: int, n_values: int, n_layers: int, ratios: Sequence[float],
+              mixers: Sequence[str], seeds: Sequence[int], model: dict, probe_seed: int,
+              place_seeds: Sequence[int], device: str = "cpu") -> dict:
+    """Train one MQAR hybrid per linear mixer, ratio (:func:`hybrid_pattern`) and seed
+    (:func:`attnlib.experiments.mqar.train_recall` with ``model``'s keyword arguments), then probe the
+    hybrids of ``mixers[0]``. Plain numbers, keyed by mixer and :func:`ratio_label`:
+
+    * ``accuracy[mixer][label]``: held-out recall per seed (all-softmax is trained once and shared);
+    * ``by_place[label]``: :func:`recall_by_pair` per seed (``place_seeds[i]`` draws seed ``i``'s batch);
+    * ``commonest[label]``: per seed, the share of answers that are a commonest listed value
+      (:func:`answers_a_commonest_value`) on one probe batch of 512 sequences (``probe_seed``), and
+      ``truth_commonest``: the same share for the right answers;
+    * ``layers_off``: the 1:1 hybrids' recall on that batch per seed, as trained (``none``), with
+      the softmax layers off (``full``) and with the linear layers off (``linear``)."""
+    vocab = dict(n_keys=n_keys, n_values=n_values)
+    runs: dict[tuple[str, float], list] = {}
+    for mixer in mixers:
+        for r in ratios:
+            if r == 0 and (mixers[0], 0) in runs:
+                runs[mixer, r] = runs[mixers[0], 0]          # no linear layer: the same models
+                continue
+            pattern = hybrid_pattern(n_layers, r, mixer)
+            runs[mixer, r] = [train_recall(pattern, n_pairs, **vocab, seed=s, device=device, **model) for s in seeds]
+    out = {"accuracy": {m: {ratio_label(r): [res.accuracy for res in runs[m, r]] for r in ratios} for m in mixers}}
+    probed = mixers[0]
+    xq, yq = mqar_batch(512, n_pairs, **vocab, generator=torch.Generator().manual_seed(probe_seed), device=device)
+    out["by_place"], out["commonest"] = {}, {}
+    for r in ratios:
+        models = [res.model for res in runs[probed, r]]
+        out["by_place"][ratio_label(r)] = [
+            recall_by_pair(m, n_pairs, **vocab, generator=torch.Generator().manual_seed(place_seeds[i])).tolist()
+            for i, m in enumerate(models)]
+        shares = []
+        for m in models:
+            with torch.no_grad():
+                answers = m(xq).argmax(-1)
+            shares.append(answers_a_commonest_value(xq, answers, n_pairs).float().mean().item())
+        out["commonest"][ratio_label(r)] = shares
+    out["truth_commonest"] = answers_a_commonest_value(xq, yq, n_pairs).float().mean().item()
+    half = hybrid_pattern(n_layers, 1, probed)
+    full_layers = [i for i, m in enumerate(half) if m == "softmax"]
+    linear_layers = [i for i, m in enumerate(half) if m != "softmax"]
+    models = [res.model for res in runs[probed, 1]]
+    out["layers_off"] = {"none": [recall_without(m, [], xq, yq) for m in models],
+                         "full": [recall_without(m, full_layers, xq, yq) for m in models],
+                         "linear": [recall_without(m, linear_layers, xq, yq) for m in models]}
+    return out
 
 
 # ---------------------------------------------------------------------------------------------

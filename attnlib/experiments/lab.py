@@ -189,6 +189,32 @@ class Lab:
                 return None
         return None
 
+    def run(self, name: str, experiment, /, **params) -> dict:
+        """``experiment(**params)``: an experiment that trains for minutes (a function of the library that
+        returns plain numbers). At full scale it runs. In quick mode it may read its committed run
+        instead (``attnlib.experiments.lab_runs``: the same function of the same code with the same
+        parameters, so the same numbers), and says so; ``ATTNBOOK_RUNS`` chooses (``read``, the default;
+        ``require`` in ``make test``; ``write``; ``live``)."""
+        import json
+
+        from . import lab_runs
+
+        mode = lab_runs.mode() if self.quick else "live"
+        if mode in ("read", "require"):
+            run = lab_runs.committed(name)
+            why = lab_runs.why_not(name, experiment, params, run)
+            if not why:
+                print(textwrap.fill(f"(read from {lab_runs.shown(name)}: this code's run with these parameters, made "
+                                    f"{run['date'][:10]} in {run['seconds']:.0f} s on a CPU; "
+                                    f"ATTNBOOK_RUNS=live runs it here)", OUTPUT_WIDTH))
+                return run["result"]
+            if mode == "require":
+                raise LabCheckFailed(f"the committed run {name!r} is not of this code: {'; '.join(why)}. "
+                                     f"Make it with `{lab_runs.REMAKE}` (or `make artifacts`; a new run or new "
+                                     f"parameters: run the lab once with ATTNBOOK_RUNS=write) and commit it.")
+        result = lab_runs.execute(name, experiment, params, write=mode == "write" and self.quick)
+        return json.loads(json.dumps(result))
+
     def seeds(self, n: int, offset: int = 0) -> list[int]:
         """``n`` seeds for an experiment repeated over seeds (mean and spread), derived from the lab's."""
         return [self.derive(offset + i) for i in range(n)]

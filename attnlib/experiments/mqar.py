@@ -252,3 +252,13 @@ def train_recall(mixer: str | Sequence[str], n_pairs: int, *, steps: int = 200, 
     mixers = model.mixers if len(set(model.mixers)) > 1 else model.mixers[0]
     return RecallResult(mixers, n_pairs, acc, float(loss.detach()), steps, sum(p.numel() for p in model.parameters()),
                         model, curve)
+
+
+def accuracy_grid(mixers: Sequence[str], pairs: Sequence[int], seeds: Sequence[int], *, device: str = "cpu",
+                  **train) -> dict:
+    """Held-out recall of one single-layer model per mixer, number of pairs and seed
+    (:func:`train_recall` with ``n_layers=1`` and ``train``'s keyword arguments):
+    ``{mixer: {str(n_pairs): [accuracy per seed]}}``, plain numbers (which ``lab.run`` may read from a
+    committed run in quick mode)."""
+    return {m: {str(n): [train_recall(m, n, n_layers=1, seed=s, device=device, **train).accuracy for s in seeds]
+                for n in pairs} for m in mixers}

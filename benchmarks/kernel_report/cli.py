@@ -28,7 +28,7 @@ from .report import (
     TORCH_PATHS,
     build_report,
     dumps,
-    inputs_fingerprint,
+    inputs_stamp,
     print_report,
     print_spill_tables,
     spill_tables,
@@ -47,7 +47,7 @@ def main(argv=None) -> int:
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="parallel worker processes")
     ap.add_argument("--no-save", action="store_true", help=f"do not write {RESULT.relative_to(ROOT)}")
     ap.add_argument("--json-out", help="write the report to this file (as well)")
-    ap.add_argument("--fingerprint", action="store_true", help="print the inputs' fingerprint and exit")
+    ap.add_argument("--fingerprint", action="store_true", help="print the hash of the report's inputs and exit")
     ap.add_argument("--spill-tables", action="store_true",
                     help="compile every autotuning candidate of attnlib's kernels (every op and variant, D "
                          "64/128/256, sm_80/89/90, on sm_90 both load paths) and print the SPILLS tables "
@@ -60,7 +60,7 @@ def main(argv=None) -> int:
     ap.add_argument("--spec-file", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.fingerprint:
-        print(inputs_fingerprint())
+        print(inputs_stamp()["inputs_sha256"])
         return 0
     ops = [o for o in a.ops.split(",") if o]
     shapes = [parse_shape(s) for s in a.shapes.split(",") if s]
@@ -104,7 +104,7 @@ def main(argv=None) -> int:
     everything = (ops == list(OPS) and shapes == list(SHAPES) and targets == list(TARGETS) and fla
                   and fla_targets is None and not a.no_compile)
     if everything:                   # the default, complete report: reusable while its inputs are unchanged
-        report["inputs_sha256"] = inputs_fingerprint()
+        report.update(inputs_stamp())
     print_report(report)
     text = dumps(report)
     if a.json_out:

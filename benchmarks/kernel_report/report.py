@@ -3,12 +3,9 @@ per compiled target, the printed table, the JSON, the spill tables and the input
 
 from __future__ import annotations
 
-import hashlib
 import json
 import sys
-from pathlib import Path
 
-from . import ROOT
 from .targets import COMPILED_TARGETS, DTYPE, PASSES, TARGETS, Target, shape_name
 
 BYTES = ("bytes of a launch: the sum, over the distinct tensors passed to the kernel's arguments that it "
@@ -241,29 +238,13 @@ def print_spill_tables(tables: dict, out=sys.stdout) -> None:
         print(f"{name.rsplit('.', 1)[1]} = {{{body}}}", file=out)
 
 
-def inputs_fingerprint() -> str:
-    """A hash of everything the default report is a function of: the library's ops and kernels
-    (attnlib's source, less the figures and experiments -- the lab helpers among them -- which launch
-    nothing), this package, the shapes' home (``benchmarks/_common.py``), the two scripts
-    (``scripts/kernel_report.py``, ``kernel_resources.py``), and the torch, triton (whose ptxas compiles),
-    fla and Python versions.
-    Two runs with the same fingerprint make the same report, less its date and time:
-    ``tests/test_kernel_report.py`` reuses the committed report when the fingerprint matches instead of
-    compiling every specialisation again, and ``tests/test_kernel_registers.py`` its committed compile
-    counts likewise."""
-    import importlib.metadata
-    h = hashlib.sha256()
-    skip = ("widgets", "experiments")
-    files = sorted(f for f in (ROOT / "attnlib").rglob("*.py")
-                   if not set(f.relative_to(ROOT / "attnlib").parts[:1]) & set(skip))
-    package = sorted(Path(__file__).resolve().parent.glob("*.py"))
-    for f in [*files, *package, ROOT / "benchmarks" / "_common.py", ROOT / "scripts" / "kernel_report.py",
-              ROOT / "scripts" / "kernel_resources.py"]:
-        h.update(f.relative_to(ROOT).as_posix().encode() + b"\0" + f.read_bytes() + b"\0")
-    for pkg in ("torch", "triton", "fla-core"):
-        try:
-            h.update(f"{pkg}={importlib.metadata.version(pkg)}\0".encode())
-        except importlib.metadata.PackageNotFoundError:
-            h.update(f"{pkg}=-\0".encode())
-    h.update(f"python={sys.version_info[0]}.{sys.version_info[1]}".encode())
-    return h.hexdigest()
+def inputs_stamp() -> dict:
+    """What the default report is made from (:mod:`benchmarks.artifacts`): every repository file
+    ``scripts/kernel_report.py`` executes -- this package, the shapes' home (``benchmarks/_common.py``),
+    attnlib's ops and kernels, not the book's code -- by hash, and the torch, triton (whose ptxas
+    compiles), fla and Python versions. Two runs with the same stamp make the same report, less its date
+    and time: ``tests/test_kernel_report.py`` reads the committed report when its stamp is this one and
+    fails, naming the command that makes it again, when it is not."""
+    from benchmarks import artifacts
+
+    return artifacts.stamp(artifacts.BY_NAME["kernel report"])
