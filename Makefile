@@ -17,13 +17,16 @@ HTML     := _build/html
 
 # Without a GPU, run the Triton kernels through Triton's interpreter (tests and labs use small shapes).
 HAS_GPU  := $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1)
+# The versions the checks run with and the committed compile results were made with (constraints.txt);
+# a GPU machine keeps the torch and triton it has.
+CONSTRAINTS ?= $(if $(HAS_GPU),,-c constraints.txt)
 KERNEL_ENV := $(if $(HAS_GPU),,TRITON_INTERPRET=1)
 # Notebooks executed here (the labs run, the book build) show no tqdm bars: the built pages would keep them as
 # text. tqdm (>= 4.66) reads TQDM_DISABLE when it is imported; a reader running a lab still sees them.
 NB_ENV   := $(KERNEL_ENV) TQDM_DISABLE=1
 PIP      := $(PY) -m pip install --quiet --disable-pip-version-check
 
-.PHONY: help install book test lint unit notebooks labs site-assets book-build browser-setup browser bench seeds clean
+.PHONY: help install book test check-artifacts artifacts lint unit checks notebooks labs site-assets book-build browser-setup browser bench seeds clean
 
 help:
 	@echo "make book   -- build the book into $(HTML) (creates $(VENV) if missing)"
@@ -34,9 +37,9 @@ help:
 $(PY):
 	python3 -m venv $(VENV)
 
-$(STAMP): requirements.txt requirements-dev.txt pyproject.toml | $(PY)
-	$(PY) -c "import torch" 2>/dev/null || $(PIP) "$(TORCH_SPEC)"
-	$(PIP) -r requirements-dev.txt
+$(STAMP): requirements.txt requirements-dev.txt constraints.txt pyproject.toml | $(PY)
+	$(PY) -c "import torch" 2>/dev/null || $(PIP) $(CONSTRAINTS) "$(TORCH_SPEC)"
+	$(PIP) $(CONSTRAINTS) -r requirements-dev.txt
 	$(PIP) --no-deps -e .
 	$(PY) -m ipykernel install --sys-prefix --name python3 >/dev/null
 	touch $@
@@ -69,12 +72,30 @@ site-assets: install
 book-build: site-assets
 	$(NB_ENV) $(VENV)/bin/jupyter-book build . --all --warningiserror --keep-going
 
+# The committed compile results (the kernel report, the register counts, every autotuning candidate run):
+# `check-artifacts` says in a second whether each is of this code and these versions (the first step of
+# `make test`); `artifacts` makes the stale ones again -- tens of CPU-minutes -- to commit with a kernel change.
+check-artifacts: install
+	$(PY) -m benchmarks._artifacts
+
+artifacts: install
+	$(PY) -m benchmarks._artifacts --regenerate
+
 lint: install
-	$(VENV)/bin/ruff check attnlib tests benchmarks scripts notebooks
+	$(VENV)/bin/ruff check attnlib tests benchmarks scripts notebooks conftest.py
 	$(VENV)/bin/actionlint .github/workflows/*.yml
 
 unit: install
 	HYPOTHESIS_PROFILE=ci $(VENV)/bin/pytest -p no:cacheprovider -n $(JOBS) --dist loadfile tests
+
+# `make test`'s middle step: the unit tests and every lab in one pytest run, so that the two workers share
+# the cores to the end (a file or lab at a time each, the costliest first: conftest.py); the labs read
+# their committed training runs (ATTNBOOK_RUNS=require: a stale one fails, naming the command) and go into
+# the book's execution cache as `notebooks` puts them. The JUnit file feeds scripts/test_budget.py.
+checks: install
+	$(NB_ENV) HYPOTHESIS_PROFILE=ci ATTNBOOK_RUNS=require $(VENV)/bin/pytest --nbval-lax -p no:cacheprovider \
+	  -n $(JOBS) --dist loadfile --no-loadscope-reorder tests notebooks --lab-cache --fresh-lab-cache \
+	  -o junit_family=xunit1 --junitxml=_build/test_budget/checks.xml --durations=15
 
 # A Chromium for the browser check: on PATH, or Playwright's; installed when missing (the system
 # package as root with apt, else Playwright's installer), or one line naming the command to run.
@@ -82,13 +103,22 @@ browser-setup: install
 	@$(PY) scripts/browser_check.py --install-browser
 
 browser: install
-	$(PY) scripts/browser_check.py $(HTML)
+	$(PY) scripts/browser_check.py $(HTML) --jobs $(JOBS)
+
+# Each step timed by scripts/test_budget.py, which prints where the time went against the budget (10 minutes
+# on two cores) at the end, passed or not. The committed results are checked first: a kernel change whose
+# results were not made again fails here, in seconds, naming `make artifacts`.
+BUDGET   := $(PY) scripts/test_budget.py
+TEST_STEPS := check-artifacts browser-setup lint checks book-build browser
 
 test: install
-	@start=$$(date +%s); \
-	$(MAKE) --no-print-directory browser-setup; \
-	$(MAKE) --no-print-directory lint unit notebooks book-build browser; \
-	echo "make test: all checks passed in $$(( $$(date +%s) - start )) s"
+	@$(BUDGET) begin
+	@status=0; for step in $(TEST_STEPS); do \
+	  $(BUDGET) step $$step -- $(MAKE) --no-print-directory $$step || { status=1; break; }; \
+	done; \
+	$(BUDGET) report; \
+	if [ $$status = 0 ]; then echo "make test: all checks passed"; else echo "make test: FAILED at $$step"; fi; \
+	exit $$status
 
 # Every benchmark script in turn ([i/n] here, a tqdm bar over the shapes inside each); each writes its JSON
 # into benchmarks/results/ after every shape, so a run cut short keeps what it measured.

@@ -17,6 +17,7 @@ already).
 from __future__ import annotations
 
 import ast
+import functools
 import hashlib
 import importlib.metadata
 import json
@@ -26,7 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("attnlib", "benchmarks")          # the repository's importable packages (pyproject.toml)
 # The stamping itself: code that imports these to stamp a result does not make the result with them.
-MACHINERY = ("attnlib._provenance", "benchmarks.artifacts")
+MACHINERY = ("attnlib._provenance", "benchmarks._artifacts")
 
 
 def module_name(path: Path) -> str:
@@ -43,6 +44,19 @@ def within(name: str, prefix: str) -> bool:
     return name == prefix or name.startswith(prefix + ".")
 
 
+@functools.lru_cache(maxsize=4096)
+def _statements(path: Path, mtime_ns: int) -> tuple:
+    """The import statements of ``path`` as ``(level, module, names)`` (``level`` None for ``import x``),
+    parsed once per version of the file (``mtime_ns``)."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+        if isinstance(node, ast.Import):
+            out.append((None, None, tuple(a.name for a in node.names)))
+        elif isinstance(node, ast.ImportFrom):
+            out.append((node.level, node.module, tuple(a.name for a in node.names)))
+    return tuple(out)
+
+
 def imports(name: str, path: Path, known: dict[str, Path], skip: tuple[str, ...] = ()) -> set[str]:
     """The known modules that importing ``name`` (the file ``path``) executes by its own import statements.
     A script outside the packages is read with ``name=""`` (it has no package of its own); an import of a
@@ -50,18 +64,18 @@ def imports(name: str, path: Path, known: dict[str, Path], skip: tuple[str, ...]
     is_pkg = path.name == "__init__.py"
     here = name if is_pkg else name.rpartition(".")[0]          # the package relative imports start from
     targets: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
-        if isinstance(node, ast.Import):
-            targets.update(a.name for a in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base_parts = here.split(".")[:len(here.split(".")) - (node.level - 1)]
-                base = ".".join(base_parts + ([node.module] if node.module else []))
-            else:
-                base = node.module or ""
-            for a in node.names:
-                sub = f"{base}.{a.name}"
-                targets.add(sub if sub in known else base)      # `from pkg import submodule` runs it
+    for level, module, names in _statements(path, path.stat().st_mtime_ns):
+        if level is None:                                       # `import a.b, c`
+            targets.update(names)
+            continue
+        if level:
+            base_parts = here.split(".")[:len(here.split(".")) - (level - 1)]
+            base = ".".join(base_parts + ([module] if module else []))
+        else:
+            base = module or ""
+        for a in names:
+            sub = f"{base}.{a}"
+            targets.add(sub if sub in known else base)          # `from pkg import submodule` runs it
     edges = set()
     for t in targets:
         while t and t not in known:                             # `import attnlib.x.f`: the module part

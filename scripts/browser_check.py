@@ -41,6 +41,7 @@ import shutil
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -70,6 +71,11 @@ def serve(root: Path):
     class Quiet(http.server.SimpleHTTPRequestHandler):
         def log_message(self, *args):
             pass
+
+        def end_headers(self):
+            # as a static host would: the browser keeps what it loaded and does not ask again
+            self.send_header("Cache-Control", "max-age=3600")
+            super().end_headers()
 
     handler = functools.partial(Quiet, directory=str(root))
     httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
@@ -292,118 +298,178 @@ def _shared(path: str) -> bool:
     return path.startswith(SHARED_PREFIXES)
 
 
-def check(root: Path, screenshots: Path | None, browser_exe: str | None, only: str = "") -> int:
+LAUNCH_ARGS = [
+    # Software WebGL (SwiftShader): 3-D Plotly scenes draw on WebGL, as in a reader's browser.
+    "--no-sandbox", "--use-angle=swiftshader", "--enable-unsafe-swiftshader",
+    "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+
+# Every figure that restacks its panels at narrow widths (layout.meta.stack) has laid itself out for the
+# width it has: book/_static/responsive_figures.js marks it data-layout="narrow" or "wide" when done.
+LAID_OUT = """
+() => Array.from(document.querySelectorAll('.js-plotly-plot'))
+  .filter(gd => gd.layout && gd.layout.meta && gd.layout.meta.stack && gd.getBoundingClientRect().width > 0)
+  .every(gd => gd.getAttribute('data-layout') === (gd.getBoundingClientRect().width < 600 ? 'narrow' : 'wide'))
+"""
+
+
+def _load(page, url: str, must_have: bool) -> None:
+    """Open ``url`` and wait for what a reader waits for: the page, its figures (where it has any:
+    Plotly draws them while the page parses, so this returns at once unless one is late), and each
+    figure laid out for the width. Waits on what the page shows, not on a clock, so that a busy machine
+    makes the check slower, never wrong (a figure still not there after a minute is reported)."""
+    page.goto(url, wait_until="load")
+    if must_have:
+        with contextlib.suppress(Exception):
+            page.wait_for_selector(".js-plotly-plot .main-svg", timeout=60_000)
+        with contextlib.suppress(Exception):
+            page.wait_for_function(LAID_OUT, timeout=60_000)
+
+
+def check_page(root: Path, base: str, rel: str, contexts: dict, screenshots: Path | None) -> tuple[bool, str]:
+    """Every check of one page, at each width in ``WIDTHS``: (passed, the line to print)."""
+    t0 = time.perf_counter()
+    path = root / rel
+    host = urlparse(base).netloc
+    html = path.read_text(encoding="utf-8")
+    want = expected_figures(html)
+    must_have = rel.endswith("_lab.html") or want > 0
+    page = contexts[WIDTHS[0][0]].new_page()
+    errors: list[str] = []
+    own: set[str] = set()          # what the page loads from the site beyond the shared assets
+    outside: set[str] = set()      # hosts it loads from other than the site
+    failed: set[str] = set()       # site requests that failed (404 ...)
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    logged = console_errors(page)
+
+    def on_response(r):
+        u = urlparse(r.url)
+        if u.scheme not in ("http", "https"):
+            return
+        if u.netloc != host:
+            outside.add(u.netloc)
+            return
+        local = u.path.lstrip("/")
+        if r.status >= 400:
+            failed.add(local)
+        elif local != rel and not _shared(local):
+            own.add(local)
+
+    page.on("response", on_response)
+    page.on("requestfailed", lambda r: urlparse(r.url).netloc != host and outside.add(urlparse(r.url).netloc))
+    _load(page, f"{base}/{rel}", must_have)
+    math = page.evaluate(MATH_PROBE)
+    page.wait_for_timeout(300)
+    drawn = page.evaluate(
+        "() => Array.from(document.querySelectorAll('.js-plotly-plot'))"
+        ".filter(gd => gd.querySelector('.main-svg') && gd._fullData && gd._fullData.length).length")
+    maps = page.evaluate(MAP_PROBE) if drawn else []
+    sliders_moved = page.evaluate(SLIDER_PROBE) if drawn else []
+    weight = path.stat().st_size + sum((root / f).stat().st_size for f in own if (root / f).is_file())
+    problems = []
+    if must_have and drawn == 0:
+        problems.append("no Plotly figure rendered")
+    if drawn < want:
+        problems.append(f"{drawn} of {want} embedded figures rendered")
+    if not all(sliders_moved):
+        problems.append(f"{sliders_moved.count(False)} slider(s) did not change their figure")
+    if errors:
+        shown = " | ".join(e.splitlines()[0][:160] for e in errors[:3])
+        problems.append(f"{len(errors)} page error(s): {shown}")
+    if failed:
+        problems.append("missing from the site: " + ", ".join(sorted(failed)[:3]))
+    if outside:
+        problems.append("loads from outside the site: " + ", ".join(sorted(outside)))
+    if math["hasMath"] and not math["loaded"]:
+        problems.append("MathJax did not load")
+    raw = sorted({m.group(0) for m in RAW_TEX.finditer(math["text"])})
+    if raw:
+        problems.append("raw TeX left on the page: " + " ".join(raw[:6]))
+    if math["errors"]:
+        problems.append(f"{len(math['errors'])} equation(s) MathJax could not typeset: "
+                        + " | ".join(e[:60] for e in math["errors"][:3]))
+    if dead_widgets(html):
+        problems.append(f"{dead_widgets(html)} ipywidgets output(s)/state, dead without a kernel")
+    if weight > MAX_PAGE_BYTES:
+        problems.append(f"page weighs {weight / 1e6:.1f} MB (HTML and its own assets; at most "
+                        f"{MAX_PAGE_BYTES / 1e6:.1f} MB)")
+    if rel in MECHANISM_MAP_PAGES and not maps:
+        problems.append("no mechanism map (a figure with layout.meta.mechanism_map)")
+    problems += layout_problems(page, WIDTHS[0][0], first=True)
+    for width, viewport, _ in WIDTHS[1:]:
+        narrow = contexts[width].new_page()
+        logged += console_errors(narrow)
+        _load(narrow, f"{base}/{rel}", must_have)
+        narrow.evaluate(MATH_PROBE)
+        narrow.wait_for_timeout(300)
+        problems += layout_problems(narrow, width, first=False)
+        if screenshots:
+            screenshots.mkdir(parents=True, exist_ok=True)
+            narrow.screenshot(path=str(screenshots / (rel.replace("/", "_") + f".{viewport['width']}.png")))
+        narrow.close()
+    if logged:
+        shown = " | ".join(m[:120] for m in sorted(set(logged))[:3])
+        problems.append(f"{len(logged)} console error(s): {shown}")
+    if screenshots:
+        screenshots.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(screenshots / (rel.replace("/", "_") + ".png")), full_page=False)
+    page.close()
+    status = "FAIL" if problems else "ok"
+    line = (f"{status:4}  {rel}: {drawn} figure(s) rendered, {len(sliders_moved)} slider(s) moved, "
+            f"{weight / 1e6:.2f} MB" + (f", map: {', '.join(maps)}" if maps else "")
+            + f", {time.perf_counter() - t0:.1f} s" + ("" if not problems else "  -- " + "; ".join(problems)))
+    return not problems, line
+
+
+def check_pages(root: Path, base: str, rels: list[str], screenshots: Path | None, browser_exe: str | None,
+                out=None) -> list[tuple[str, bool, str]]:
+    """Check ``rels`` in one Chromium, one page after another: (page, passed, line) each. One browser
+    context per width, kept for every page, so the scripts all pages share (plotly.js, MathJax) come
+    from its cache after the first page, as they would for a reader moving between pages."""
     from playwright.sync_api import sync_playwright
 
-    failures = 0
-    with serve(root) as base, sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=browser_exe, args=[
-            # Software WebGL (SwiftShader): 3-D Plotly scenes draw on WebGL, as in a reader's browser.
-            "--no-sandbox", "--use-angle=swiftshader", "--enable-unsafe-swiftshader",
-            "--disable-quic", "--no-first-run",
-            "--disable-background-networking", "--disable-component-update", "--disable-sync"])
-        host = urlparse(base).netloc
-        for path in pages(root):
-            rel = path.relative_to(root).as_posix()
-            if only not in rel:
-                continue
-            html = path.read_text(encoding="utf-8")
-            want = expected_figures(html)
-            must_have = rel.endswith("_lab.html") or want > 0
-            page = browser.new_page(viewport={"width": 1280, "height": 900})
-            errors: list[str] = []
-            own: set[str] = set()          # what the page loads from the site beyond the shared assets
-            outside: set[str] = set()      # hosts it loads from other than the site
-            failed: set[str] = set()       # site requests that failed (404 ...)
-            page.on("pageerror", lambda e, errors=errors: errors.append(str(e)))
-            logged = console_errors(page)
-
-            def on_response(r, own=own, outside=outside, failed=failed, rel=rel):
-                u = urlparse(r.url)
-                if u.scheme not in ("http", "https"):
-                    return
-                if u.netloc != host:
-                    outside.add(u.netloc)
-                    return
-                local = u.path.lstrip("/")
-                if r.status >= 400:
-                    failed.add(local)
-                elif local != rel and not _shared(local):
-                    own.add(local)
-
-            page.on("response", on_response)
-            page.on("requestfailed", lambda r, outside=outside: urlparse(r.url).netloc != host
-                    and outside.add(urlparse(r.url).netloc))
-            page.goto(f"{base}/{rel}", wait_until="load")
-            if must_have:
-                with contextlib.suppress(Exception):
-                    page.wait_for_selector(".js-plotly-plot .main-svg", timeout=20_000)
-            math = page.evaluate(MATH_PROBE)
-            page.wait_for_timeout(300)
-            drawn = page.evaluate(
-                "() => Array.from(document.querySelectorAll('.js-plotly-plot'))"
-                ".filter(gd => gd.querySelector('.main-svg') && gd._fullData && gd._fullData.length).length")
-            maps = page.evaluate(MAP_PROBE) if drawn else []
-            sliders_moved = page.evaluate(SLIDER_PROBE) if drawn else []
-            weight = path.stat().st_size + sum((root / f).stat().st_size for f in own if (root / f).is_file())
-            problems = []
-            if must_have and drawn == 0:
-                problems.append("no Plotly figure rendered")
-            if drawn < want:
-                problems.append(f"{drawn} of {want} embedded figures rendered")
-            if not all(sliders_moved):
-                problems.append(f"{sliders_moved.count(False)} slider(s) did not change their figure")
-            if errors:
-                shown = " | ".join(e.splitlines()[0][:160] for e in errors[:3])
-                problems.append(f"{len(errors)} page error(s): {shown}")
-            if failed:
-                problems.append("missing from the site: " + ", ".join(sorted(failed)[:3]))
-            if outside:
-                problems.append("loads from outside the site: " + ", ".join(sorted(outside)))
-            if math["hasMath"] and not math["loaded"]:
-                problems.append("MathJax did not load")
-            raw = sorted({m.group(0) for m in RAW_TEX.finditer(math["text"])})
-            if raw:
-                problems.append("raw TeX left on the page: " + " ".join(raw[:6]))
-            if math["errors"]:
-                problems.append(f"{len(math['errors'])} equation(s) MathJax could not typeset: "
-                                + " | ".join(e[:60] for e in math["errors"][:3]))
-            if dead_widgets(html):
-                problems.append(f"{dead_widgets(html)} ipywidgets output(s)/state, dead without a kernel")
-            if weight > MAX_PAGE_BYTES:
-                problems.append(f"page weighs {weight / 1e6:.1f} MB (HTML and its own assets; at most "
-                                f"{MAX_PAGE_BYTES / 1e6:.1f} MB)")
-            if rel in MECHANISM_MAP_PAGES and not maps:
-                problems.append("no mechanism map (a figure with layout.meta.mechanism_map)")
-            problems += layout_problems(page, WIDTHS[0][0], first=True)
-            for width, viewport, mobile in WIDTHS[1:]:
-                narrow = browser.new_page(viewport=viewport, is_mobile=mobile, has_touch=mobile,
-                                          device_scale_factor=2 if mobile else 1)
-                logged += console_errors(narrow)
-                narrow.goto(f"{base}/{rel}", wait_until="load")
-                with contextlib.suppress(Exception):
-                    narrow.wait_for_selector(".js-plotly-plot .main-svg", timeout=20_000)
-                narrow.evaluate(MATH_PROBE)
-                narrow.wait_for_timeout(300)
-                problems += layout_problems(narrow, width, first=False)
-                if screenshots:
-                    screenshots.mkdir(parents=True, exist_ok=True)
-                    narrow.screenshot(path=str(screenshots / (rel.replace("/", "_") + f".{viewport['width']}.png")))
-                narrow.close()
-            if logged:
-                shown = " | ".join(m[:120] for m in sorted(set(logged))[:3])
-                problems.append(f"{len(logged)} console error(s): {shown}")
-            if screenshots:
-                screenshots.mkdir(parents=True, exist_ok=True)
-                page.screenshot(path=str(screenshots / (rel.replace("/", "_") + ".png")), full_page=False)
-            status = "FAIL" if problems else "ok"
-            failures += bool(problems)
-            print(f"{status:4}  {rel}: {drawn} figure(s) rendered, {len(sliders_moved)} slider(s) moved, "
-                  f"{weight / 1e6:.2f} MB" + (f", map: {', '.join(maps)}" if maps else "")
-                  + ("" if not problems else "  -- " + "; ".join(problems)), flush=True)
-            page.close()
+    results = []
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=browser_exe, args=LAUNCH_ARGS)
+        contexts = {width: browser.new_context(viewport=viewport, is_mobile=mobile, has_touch=mobile,
+                                               device_scale_factor=2 if mobile else 1)
+                    for width, viewport, mobile in WIDTHS}
+        for rel in rels:
+            passed, line = check_page(root, base, rel, contexts, screenshots)
+            results.append((rel, passed, line))
+            if out is not None:
+                print(line, file=out, flush=True)
         browser.close()
-    return failures
+    return results
+
+
+def _worker(args) -> list[tuple[str, bool, str]]:
+    root, base, rels, screenshots, browser_exe = args
+    return check_pages(root, base, rels, screenshots, browser_exe)
+
+
+def check(root: Path, screenshots: Path | None, browser_exe: str | None, only: str = "", jobs: int = 1) -> int:
+    """Check every page (whose path contains ``only``); the number that failed. ``jobs`` > 1: that many
+    Chromiums, each with its share of the pages (the costliest, by HTML size, dealt out first), in
+    processes of their own; the lines are printed in page order when all are done."""
+    rels = [p.relative_to(root).as_posix() for p in pages(root)]
+    rels = [r for r in rels if only in r]
+    with serve(root) as base:
+        if jobs <= 1 or len(rels) < 2:
+            results = check_pages(root, base, rels, screenshots, browser_exe, out=sys.stdout)
+        else:
+            import multiprocessing
+
+            by_cost = sorted(rels, key=lambda r: -(root / r).stat().st_size)
+            shares = [by_cost[i::jobs] for i in range(jobs)]
+            with multiprocessing.get_context("spawn").Pool(jobs) as pool:
+                results = [r for part in pool.map(_worker, [(root, base, share, screenshots, browser_exe)
+                                                            for share in shares if share]) for r in part]
+            order = {rel: i for i, rel in enumerate(rels)}
+            for _, _, line in sorted(results, key=lambda r: order[r[0]]):
+                print(line, flush=True)
+    return sum(not passed for _, passed, _ in results)
 
 
 def main() -> int:
@@ -411,6 +477,7 @@ def main() -> int:
     ap.add_argument("root", type=Path, nargs="?", default=Path("_build/html"))
     ap.add_argument("--screenshots", type=Path, default=None)
     ap.add_argument("--only", default="", help="check only the pages whose path contains this text")
+    ap.add_argument("--jobs", type=int, default=1, help="Chromiums at a time, each checking its share of the pages")
     ap.add_argument("--install-browser", action="store_true",
                     help="find a Chromium, installing one when missing, and exit")
     args = ap.parse_args()
@@ -426,7 +493,7 @@ def main() -> int:
     if exe is None:
         print(f"browser check: no Chromium found; run: {INSTALL_HINT}", file=sys.stderr)
         return 2
-    failures = check(args.root, args.screenshots, exe, args.only)
+    failures = check(args.root, args.screenshots, exe, args.only, max(1, args.jobs))
     checked = sum(args.only in p.relative_to(args.root).as_posix() for p in pages(args.root))
     print(f"browser check: {checked - failures} passed, {failures} failed")
     return 1 if failures else 0

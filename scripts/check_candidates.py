@@ -48,7 +48,7 @@ from attnlib.kernels.flash import backward as flash_bwd  # noqa: E402, F401
 from attnlib.kernels.flash import forward as flash_fwd  # noqa: E402, F401
 from attnlib.kernels.linear import segments  # noqa: E402
 from attnlib.metrics import rel_rms  # noqa: E402
-from benchmarks import artifacts  # noqa: E402
+from benchmarks import _artifacts as artifacts  # noqa: E402
 
 RESULT = ROOT / "benchmarks" / "results" / "candidates_executed.json"
 TARGETS = {"sm_75": (7, 5), "sm_80": (8, 0), "sm_89": (8, 9), "sm_90": (9, 0)}
@@ -68,7 +68,7 @@ OP = {"chunk_state._fwd_h_split": "linear", "chunk_state._fwd_h_full": "gated_de
 
 
 def stamp() -> dict:
-    """What the result is made from (:mod:`benchmarks.artifacts`): every repository file this script executes
+    """What the result is made from (:mod:`benchmarks._artifacts`): every repository file this script executes
     -- the kernels, the ops that run them, this script -- by hash, and the torch, triton and Python versions."""
     return artifacts.stamp(artifacts.by_script(__file__))
 

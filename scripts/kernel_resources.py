@@ -38,7 +38,7 @@ The ``SPILLS`` tables themselves come from ``kernel_report.py --spill-tables``.
 ``--json-stdout`` prints the rows as one JSON line. ``--checked-runs`` compiles the runs that
 ``tests/test_kernel_registers.py`` asserts on (:data:`CHECKED_RUNS`), each in its own process, and writes
 their rows with the inputs they were made from to ``benchmarks/results/kernel_registers_cache.json``
-(``python -m benchmarks.artifacts`` says whether that file is current; ``make artifacts`` remakes it).
+(``python -m benchmarks._artifacts`` says whether that file is current; ``make artifacts`` remakes it).
 """
 
 from __future__ import annotations
@@ -57,6 +57,8 @@ import torch
 import triton
 from torch._subclasses.fake_tensor import FakeTensorMode
 
+from benchmarks._register_runs import CHECKED_RUNS
+
 # The capture and compile machinery lives in benchmarks/kernel_report/ (importing it sets the Triton
 # environment: interpreter off -- attnlib's kernels are imported later, in workloads() -- and ptxas on every
 # compile).
@@ -73,38 +75,6 @@ SEQ_LEN = 4096                                    # the length the integers are 
 BLOCK_SIZE = 128                                  # the block-sparse mask's block: the widest kernel tiles
 INDEX_HEADS, TOP_K = 4, 2048                      # top-k attention: index heads, keys per query (DeepSeek's k)
 CACHE = ROOT / "benchmarks" / "results" / "kernel_registers_cache.json"
-
-# ----------------------------------------------------------------------------- what the tests assert on
-
-FLASH = ("_flash_fwd_kernel", "_flash_bwd_dkdv_kernel", "_flash_bwd_dq_kernel")
-BLOCK_SPARSE = ("_block_sparse_fwd_kernel", "_block_sparse_bwd_dkdv_kernel", "_block_sparse_bwd_dq_kernel")
-TOPK = ("_index_scores_fwd_kernel", "_index_scores_bwd_dq_kernel", "_index_scores_bwd_dk_kernel",
-        "_topk_attn_fwd_kernel", "_topk_attn_bwd_kernel")
-CHUNKED_WORKLOADS = "linear,linear non-causal,delta,gated delta,gated delta dq only"
-_FLASH_CAUSAL = "flash,flash fused,block-sparse"
-_FLASH_NON_CAUSAL = "flash non-causal,flash fused non-causal,block-sparse non-causal"
-
-
-def _flash_run(sm: int, dtype: str, workloads: str, *extra: str) -> list[str]:
-    # A candidate kept at several widths is compiled at the widest only, one causality and dtype per run:
-    # bf16 and fp16 give the same registers, causal and non-causal within a few and the same spills.
-    return ["--kernels", ",".join(FLASH + BLOCK_SPARSE), "--dims", "64", "128", "256", "--dtypes", dtype,
-            "--widest-only", "--workloads", workloads, "--sm", str(sm), *extra]
-
-
-# The runs tests/test_kernel_registers.py reads, by name: this script's arguments for each. They are
-# compiled together by --checked-runs (about 12 CPU-minutes) into CACHE, never by the tests.
-CHECKED_RUNS = {
-    **{f"chunked D256 sm_{sm}": ["--dims", "256", "--dtypes", "bf16", "--workloads", CHUNKED_WORKLOADS,
-                                 "--sm", str(sm)] for sm in (80, 89, 90)},
-    "flash sm_80 bf16 causal": _flash_run(80, "bf16", _FLASH_CAUSAL),
-    "flash sm_89 fp16 non-causal": _flash_run(89, "fp16", _FLASH_NON_CAUSAL),
-    "flash sm_90 bf16 causal": _flash_run(90, "bf16", _FLASH_CAUSAL),
-    "flash sm_90 fp16 non-causal pointers": _flash_run(90, "fp16", _FLASH_NON_CAUSAL, "--no-tma"),
-    **{f"topk sm_{sm}": ["--kernels", ",".join(TOPK), "--dims", "64", "128", "256", "--dtypes", "bf16", "fp16",
-                         "--workloads", "topk", "--sm", str(sm)] for sm in (80, 89, 90)},
-}
-
 
 # ----------------------------------------------------------------------------- what the wrappers launch
 
@@ -288,7 +258,7 @@ def _one_run(name: str) -> tuple[str, list[dict], float]:
 def checked_runs(jobs: int) -> int:
     """Compile every run of :data:`CHECKED_RUNS` (``jobs`` processes at a time; each compile is
     single-threaded) and write CACHE, stamped with the inputs it was made from."""
-    from benchmarks import artifacts
+    from benchmarks import _artifacts as artifacts
 
     stamp = artifacts.stamp(artifacts.by_script(__file__))
     with ThreadPoolExecutor(max_workers=jobs) as pool:

@@ -12,6 +12,7 @@ def definition(z, W, offsets, eps=1e-6):
     """``g [B, T, d]`` in float64 (differentiable in ``z``, ``W`` when they require grad)."""
     z, W = z.to(F64), W.to(F64)
     B, T, r = z.shape
+    i, j = torch.triu_indices(r, r, 1)            # every pair i < j, in the order (0, 1), (0, 2), ..., (1, 2), ...
     rows = []
     for t in range(T):
         feats = []
@@ -19,7 +20,7 @@ def definition(z, W, offsets, eps=1e-6):
             if t - delta < 0:
                 continue
             u, w = z[:, t], z[:, t - delta]
-            p = torch.stack([u[:, i] * w[:, j] - u[:, j] * w[:, i] for i in range(r) for j in range(i + 1, r)], -1)
+            p = u[:, i] * w[:, j] - u[:, j] * w[:, i]                          # the 2x2 minors, [B, r(r-1)/2]
             n = p.norm(dim=-1, keepdim=True)
             feats.append(p / torch.maximum(n, torch.full_like(n, eps)))
         rows.append(torch.stack(feats).mean(0) @ W.T if feats else torch.zeros(B, W.shape[0], dtype=F64))

@@ -1,5 +1,5 @@
 """What the kernel compile checks share: the environment their subprocesses compile in, and the one
-launch allowed to spill. (Whether a committed compile result is of this code: ``benchmarks/artifacts.py``.)"""
+launch allowed to spill. (Whether a committed compile result is of this code: ``benchmarks/_artifacts.py``.)"""
 
 import os
 from pathlib import Path

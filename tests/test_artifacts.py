@@ -1,7 +1,7 @@
 """The committed results are checked, not rebuilt: each is stamped with exactly what made it, a change to
 any of that makes it stale with a message naming the command, and a change to anything else does not.
 
-``make test``'s first step (``python -m benchmarks.artifacts``) runs the same comparison; here it is also
+``make test``'s first step (``python -m benchmarks._artifacts``) runs the same comparison; here it is also
 shown to fail where it must, on a copy of the repository with one file changed."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pytest
 from attnlib import _provenance as provenance
 from attnlib.experiments import hybrid as hx
 from attnlib.experiments import lab_runs
-from benchmarks import artifacts
+from benchmarks import _artifacts as artifacts
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -36,7 +36,7 @@ def test_the_kernel_results_read_the_kernels_and_ops_but_not_the_book():
         book = sorted(f for f in files if f.startswith(("attnlib/experiments/", "attnlib/widgets/",
                                                         "attnlib/exercises/", "notebooks/", "book/", "tests/")))
         assert not book, (a.name, book)
-        assert "attnlib/_provenance.py" not in files and "benchmarks/artifacts.py" not in files   # the stamping
+        assert "attnlib/_provenance.py" not in files and "benchmarks/_artifacts.py" not in files   # the stamping
     report = artifacts.stamp(artifacts.BY_NAME["kernel report"])["inputs"]
     assert {"benchmarks/kernel_report/compile.py", "benchmarks/_common.py"} <= set(report["files"])
     assert set(report["versions"]) == {"torch", "triton", "fla-core", "python"}
@@ -143,7 +143,7 @@ def test_a_lab_run_is_written_then_read_and_a_change_of_parameters_is_refused(ru
     assert "read from" in capsys.readouterr().out
     from attnlib.experiments.lab import LabCheckFailed
 
-    with pytest.raises(LabCheckFailed, match=r"other parameters: x.*python -m benchmarks.artifacts --regenerate"):
+    with pytest.raises(LabCheckFailed, match=r"other parameters: x.*python -m benchmarks._artifacts --regenerate"):
         _lab().run("t", experiment, x=4)
     monkeypatch.setenv("ATTNBOOK_RUNS", "read")
     assert _lab().run("t", experiment, x=4)["square"] == 16 and calls == [3, 4]    # read mode runs it

@@ -3,10 +3,12 @@ scrolls sideways, an output wider than its box, a box wider than the text column
 a lab reference that is not a link -- and pass the same content made to fit. Needs a Chromium (``make
 test`` installs one before the unit tests); skipped without one."""
 
+import contextlib
 import importlib.util
 from pathlib import Path
 
 import pytest
+from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -89,15 +91,18 @@ def test_hovering_a_cell_of_an_attention_map_outlines_its_row(browser, tmp_path)
         "</body></html>", encoding="utf-8")
     page = browser.new_page(viewport={"width": 500, "height": 500})
     page.goto((tmp_path / "fig.html").as_uri(), wait_until="load")
-    page.wait_for_timeout(500)
+    # Waits on what the page shows, not on a clock: a busy machine makes them longer, never wrong.
+    page.wait_for_function("() => document.querySelector('#f .nsewdrag') !== null", timeout=60_000)
     outline = "() => (document.getElementById('f').layout.shapes || []).filter(s => s.name === 'hover-row')"
     box = page.evaluate("() => { const r = document.querySelector('#f .nsewdrag').getBoundingClientRect();"
                         " return [r.left, r.top, r.width, r.height]; }")
     page.mouse.move(box[0] + box[2] * 0.5, box[1] + box[3] * 0.5)       # the middle row: query 1
-    page.wait_for_timeout(400)
+    with contextlib.suppress(PlaywrightTimeout):                          # (no outline: the assert says so)
+        page.wait_for_function(f"() => ({outline})().length > 0", timeout=60_000)
     shown = page.evaluate(outline)
     page.mouse.move(490, 490)                                             # off the plot
-    page.wait_for_timeout(400)
+    with contextlib.suppress(PlaywrightTimeout):
+        page.wait_for_function(f"() => ({outline})().length === 0", timeout=60_000)
     left = page.evaluate(outline)
     page.close()
     assert len(shown) == 1 and shown[0]["y0"] == 0.5 and shown[0]["y1"] == 1.5, shown

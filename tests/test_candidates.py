@@ -6,7 +6,7 @@ pruning hook keeps. The script forces each tiling the hooks keep for sm_75/sm_80
 slow for every run of the suite (175 candidates in 115 tilings: 404 s on two cores shared with other
 work), so its result is committed
 (``benchmarks/results/candidates_executed.json``) stamped with the inputs it was made from
-(``benchmarks/artifacts.py``); here:
+(``benchmarks/_artifacts.py``); here:
 
 * the committed result is of this code (the same stamp: kernels, ops, script, versions), lists exactly
   the tilings the hooks keep now, and every one passed;
@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 
 from attnlib.kernels.linear import segments
-from benchmarks import artifacts
+from benchmarks import _artifacts as artifacts
 
 ROOT = Path(__file__).resolve().parent.parent
 _spec = importlib.util.spec_from_file_location("check_candidates", ROOT / "scripts" / "check_candidates.py")

@@ -11,28 +11,24 @@ flash and block-sparse kernels at D = 64, 128 and 256 in both backward forms, bo
 through tensor descriptors and through pointers, and the top-k kernels (indexer and gathered attention)
 at D = 64, 128 and 256. The counts come from ``scripts/kernel_resources.py --checked-runs`` (``ptxas -v``,
 about 12 CPU-minutes), committed in ``benchmarks/results/kernel_registers_cache.json`` with the inputs
-they were made from (``benchmarks/artifacts.py``). Nothing here compiles: a test reads the committed
+they were made from (``benchmarks/_artifacts.py``). Nothing here compiles: a test reads the committed
 counts when they are of this code and these versions, and fails at once, naming the command that makes
 them again, when they are not -- so a kernel that spills or overflows still cannot land."""
 
-import importlib.util
 import os
 
 import pytest
 
-from benchmarks import artifacts
+from benchmarks import _artifacts as artifacts
+from benchmarks import _register_runs as kr
 
-from ._kernel_inputs import ROOT, known_spill
+from ._kernel_inputs import known_spill
 
-# scripts/ is a folder of commands: the one that owns the runs is loaded by its path.
-_spec = importlib.util.spec_from_file_location("kernel_resources", ROOT / "scripts" / "kernel_resources.py")
-kr = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(kr)
 REGISTERS = artifacts.BY_NAME["register counts"]
 
 
 def compiled_resources(*names: str) -> list[dict]:
-    """The rows of these runs of ``scripts/kernel_resources.py`` (:data:`CHECKED_RUNS` there), read from
+    """The rows of these runs of ``scripts/kernel_resources.py`` (``benchmarks/_register_runs.py``), read from
     the committed ``benchmarks/results/kernel_registers_cache.json``; skipped where sm_90 cannot be
     compiled (the rows would be of a compiler this machine does not have), failed at once when the file
     is not of this code and these versions."""

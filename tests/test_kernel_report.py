@@ -22,7 +22,7 @@ Each test asserts one property of the kernels over that whole matrix:
   uses, once per launch -- the report's ``"bytes"`` says exactly what is counted).
 
 The tests read the committed report (``benchmarks/results/kernel_report.json``), which is stamped with
-the inputs it was made from (``benchmarks/artifacts.py``: every repository file the script executes --
+the inputs it was made from (``benchmarks/_artifacts.py``: every repository file the script executes --
 attnlib's ops and kernels, the report's package, the shapes -- and the torch, triton and fla versions).
 When those are not the inputs here, every test fails at once with the command that makes the report
 again (``python scripts/kernel_report.py``, or ``make artifacts``; about 17 CPU-minutes): nothing here
@@ -43,7 +43,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import artifacts
+from benchmarks import _artifacts as artifacts
 
 from ._kernel_inputs import compile_env, known_spill
 

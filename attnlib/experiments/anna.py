@@ -451,6 +451,38 @@ def distillation_row(model: TinyModel, task: str, ls, zs, *, n: int, seed: int, 
     return row
 
 
+def quick_reproduction(*, steps: int, batch: int, lr: float, ls, zs, set_cells: int, seed: int, eval_seed: int,
+                       mass_seed: int, anna_seed: int, device: str = "cpu") -> dict:
+    """Lab 5's quick run on Match2, as plain numbers (which ``lab.run`` may read from its committed run):
+    each stand-in of :data:`SURROGATES` trained once (``train_surrogate``), then
+
+    * ``rows``: its :func:`distillation_row` over ``(ls, zs)`` on 400 sequences from ``eval_seed``, with
+      ``set_error`` (the first ``set_cells`` values of ``ls`` and ``zs``, each colliding key counted once)
+      and ``partner_nearest`` (the share of symbols whose partner's key is the nearest to its query);
+    * ``masses[surrogate]``: the partner share of its own plan (``own``), of the ``l -> infinity`` plan at
+      ``z`` = 4, 16, 24 (keys ``"4"``, ``"16"``, ``"24"``; 400 sequences from ``mass_seed``), and of ANNA
+      with 4,096 tables of 4 bits (``anna_4096_z4``; tables from ``anna_seed``)."""
+    x_m, y_m = match2(400, 32, 37, seed=mass_seed)          # the sequences match2_partner_mass draws
+    rows, masses = [], {}
+    for surrogate in SURROGATES:
+        model = train_surrogate("match2", steps=steps, seed=seed, surrogate=surrogate, batch=batch, lr=lr,
+                                device=device)
+        row = distillation_row(model, "match2", ls, zs, n=400, seed=eval_seed, n_hash_seeds=1, device=device)
+        row["set_error"] = anna_error_grid(model, "match2", ls[:set_cells], zs[:set_cells], n=400, seed=eval_seed,
+                                           n_hash_seeds=1, device=device, weighting="set").tolist()
+        geo = match2_partner_geometry(model)
+        row["partner_nearest"] = (geo["partner_cos"] > geo["max_other_cos"]).double().mean().item()
+        rows.append(row)
+        mass = {"own": match2_partner_mass(model, n=400, seed=mass_seed, device=device)}
+        for z in (4, 16, 24):
+            mass[str(z)] = match2_partner_mass(model, n=400, seed=mass_seed, plan="simhash_limit", n_bits=z,
+                                               device=device)
+        w = match2_anna_weights(model, x_m, 4096, 4, anna_seed)[:, 0]
+        mass["anna_4096_z4"] = partner_share(w, x_m, y_m, 37)
+        masses[surrogate] = mass
+    return {"rows": rows, "masses": masses}
+
+
 def summarise_reproduction(doc: dict) -> dict:
     """Mean and standard deviation over seeds of a reproduction run (the JSON that
     ``scripts/anna_reproduction.py`` writes, or the same structure built in a lab), per surrogate:

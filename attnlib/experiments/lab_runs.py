@@ -12,7 +12,7 @@ running it, without the minutes. ``ATTNBOOK_RUNS`` chooses:
 * ``read`` (the default): the committed run when it is of this code and these parameters, else run;
 * ``require`` (``make test``): the committed run, or an error naming the command that makes it
   (:data:`REMAKE`) -- CI never trains what it can read, and never silently reads a stale run;
-* ``write``: run, and commit the result (``python -m benchmarks.artifacts --regenerate`` does this
+* ``write``: run, and commit the result (``python -m benchmarks._artifacts --regenerate`` does this
   for every stale run, from the parameters each file records);
 * ``live``: always run.
 """
@@ -34,7 +34,7 @@ from .. import _provenance
 DIR = _provenance.ROOT / "benchmarks" / "results" / "lab_runs"
 PACKAGES = ("torch", "numpy")
 MODES = ("read", "require", "write", "live")
-REMAKE = "python -m benchmarks.artifacts --regenerate"
+REMAKE = "python -m benchmarks._artifacts --regenerate"
 
 
 def mode() -> str:

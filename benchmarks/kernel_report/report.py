@@ -239,12 +239,12 @@ def print_spill_tables(tables: dict, out=sys.stdout) -> None:
 
 
 def inputs_stamp() -> dict:
-    """What the default report is made from (:mod:`benchmarks.artifacts`): every repository file
+    """What the default report is made from (:mod:`benchmarks._artifacts`): every repository file
     ``scripts/kernel_report.py`` executes -- this package, the shapes' home (``benchmarks/_common.py``),
     attnlib's ops and kernels, not the book's code -- by hash, and the torch, triton (whose ptxas
     compiles), fla and Python versions. Two runs with the same stamp make the same report, less its date
     and time: ``tests/test_kernel_report.py`` reads the committed report when its stamp is this one and
     fails, naming the command that makes it again, when it is not."""
-    from benchmarks import artifacts
+    from benchmarks import _artifacts as artifacts
 
     return artifacts.stamp(artifacts.BY_NAME["kernel report"])

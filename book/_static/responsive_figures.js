@@ -237,13 +237,14 @@
     var done = function () {
       st.busy = false;
       st.mode = mode;
+      gd.setAttribute("data-layout", mode); // what it shows now (the browser check waits for it)
       schedule(gd);                       // the width may have changed meanwhile
     };
     var promise = change.indices.length
       ? P.update(gd, change.traces, change.layout, change.indices)
       : P.relayout(gd, change.layout);
     if (promise && typeof promise.then === "function") {
-      promise.then(done, function () { st.busy = false; st.mode = mode; });
+      promise.then(done, function () { st.busy = false; st.mode = mode; gd.setAttribute("data-layout", mode); });
     } else {
       done();
     }
@@ -268,6 +269,7 @@
       if (!(width > 0)) return;            // hidden (a collapsed cell): decide when it is shown
       var mode = width < NARROW_PX ? "narrow" : "wide";
       if (mode !== st.mode) apply(gd, st, mode);
+      else gd.setAttribute("data-layout", mode);
     } catch (e) {
       // a figure this script cannot read is left as Plotly drew it
     }

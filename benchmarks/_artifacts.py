@@ -13,8 +13,8 @@ give; one that does not is stale, and the checks fail at once, naming the comman
 The labs' committed training runs (``benchmarks/results/lab_runs/``, ``attnlib.experiments.lab_runs``)
 are checked and made again here too, each from the parameters it records.
 
-    python -m benchmarks.artifacts            # one line per result: current, or stale and why; exit 1 if stale
-    python -m benchmarks.artifacts --regenerate   # make the stale ones again (what `make artifacts` runs)
+    python -m benchmarks._artifacts            # one line per result: current, or stale and why; exit 1 if stale
+    python -m benchmarks._artifacts --regenerate   # make the stale ones again (what `make artifacts` runs)
 """
 
 from __future__ import annotations
