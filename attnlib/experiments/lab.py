@@ -195,8 +195,6 @@ class Lab:
         instead (``attnlib.experiments.lab_runs``: the same function of the same code with the same
         parameters, so the same numbers), and says so; ``ATTNBOOK_RUNS`` chooses (``read``, the default;
         ``require`` in ``make test``; ``write``; ``live``)."""
-        import json
-
         from . import lab_runs
 
         mode = lab_runs.mode() if self.quick else "live"
@@ -213,7 +211,7 @@ class Lab:
                                      f"Make it with `{lab_runs.REMAKE}` (or `make artifacts`; a new run or new "
                                      f"parameters: run the lab once with ATTNBOOK_RUNS=write) and commit it.")
         result = lab_runs.execute(name, experiment, params, write=mode == "write" and self.quick)
-        return json.loads(json.dumps(result))
+        return lab_runs.plain(result)                  # as a committed run reads back (tuples as lists)
 
     def seeds(self, n: int, offset: int = 0) -> list[int]:
         """``n`` seeds for an experiment repeated over seeds (mean and spread), derived from the lab's."""

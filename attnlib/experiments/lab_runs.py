@@ -62,9 +62,9 @@ def stamp(experiment) -> dict:
     return _provenance.stamp(source(experiment), PACKAGES)
 
 
-def _plain(params: dict) -> dict:
-    """``params`` as JSON has them (tuples become lists), to compare with a committed run's."""
-    return json.loads(json.dumps(params))
+def plain(value):
+    """``value`` as JSON has it (tuples become lists): what a committed run holds and reads back."""
+    return json.loads(json.dumps(value))
 
 
 def committed(name: str) -> dict | None:
@@ -81,9 +81,9 @@ def why_not(name: str, experiment, params: dict, run: dict | None = None) -> lis
     qualname = f"{experiment.__module__}.{experiment.__qualname__}"
     if run.get("experiment") != qualname:
         why.append(f"it is a run of {run.get('experiment')}, not of {qualname}")
-    if run.get("params") != _plain(params):
+    if run.get("params") != plain(params):
         diff = sorted(k for k in set(run.get("params", {})) | set(params)
-                      if run.get("params", {}).get(k) != _plain(params).get(k))
+                      if run.get("params", {}).get(k) != plain(params).get(k))
         why.append(f"other parameters: {', '.join(diff)}")
     return why + _provenance.staleness(run, stamp(experiment))
 
@@ -98,7 +98,7 @@ def execute(name: str, experiment, params: dict, write: bool) -> dict:
         if stamp(experiment) != before:
             raise RuntimeError(f"the code of {name} changed while it ran: run it again")
         record = {"name": name, "experiment": f"{experiment.__module__}.{experiment.__qualname__}",
-                  "params": _plain(params), **before,
+                  "params": plain(params), **before,
                   "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                   "seconds": round(seconds, 1), "machine": platform.processor() or platform.machine(),
                   "result": result}
