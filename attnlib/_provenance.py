@@ -2,7 +2,7 @@
 
 A result that takes minutes to make is committed (the kernel report and the register counts in
 ``benchmarks/results/``, a lab's training run) and stamped with its inputs (:func:`stamp`): the sha256 of
-every repository file that the code making it executes -- the entry file and the closure of its imports
+the code of every repository file that the code making it executes -- the entry file and the closure of its imports
 (:func:`closure`) -- and the versions of the packages that change it. Making it again from the same
 stamp gives the same result, so a reader of the result compares stamps instead of recomputing it, and
 :func:`staleness` says what changed when they differ.
@@ -121,11 +121,26 @@ def _version(pkg: str) -> str:
         return "-"
 
 
+def code_digest(path: Path) -> str:
+    """The sha256 of what a Python file executes: its syntax tree without docstrings (``ast.dump``, which
+    leaves out line numbers). Comments, docstrings, line breaks and layout change no result, so a file
+    rewrapped to fit a page keeps its digest; any change to what runs (a name, a constant, an operator)
+    gives another."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if (isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and body
+                and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
+                and isinstance(body[0].value.value, str)):
+            node.body = body[1:] or [ast.Pass()]
+    return hashlib.sha256(ast.dump(tree).encode()).hexdigest()
+
+
 def stamp(entry: Path, packages: tuple[str, ...] = ()) -> dict:
     """The inputs of what ``entry`` makes: ``{"inputs": {"files": {path: sha256}, "versions": {...}},
-    "inputs_sha256": ...}`` -- every repository file it executes, and the versions of ``packages`` and
-    of Python (two minor versions of Python may order or round differently)."""
-    files = {p.relative_to(ROOT).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest() for p in closure(entry)}
+    "inputs_sha256": ...}`` -- the code of every repository file it executes (:func:`code_digest`), and the
+    versions of ``packages`` and of Python (two minor versions of Python may order or round differently)."""
+    files = {p.relative_to(ROOT).as_posix(): code_digest(p) for p in closure(entry)}
     versions = {pkg: _version(pkg) for pkg in packages}
     versions["python"] = f"{sys.version_info[0]}.{sys.version_info[1]}"
     inputs = {"files": files, "versions": versions}

@@ -55,7 +55,7 @@ def tree(tmp_path, monkeypatch):
 def test_a_changed_kernel_makes_the_kernel_results_stale_and_names_the_command(tree):
     before = {a.name: artifacts.stamp(a) for a in artifacts.ARTIFACTS}
     kernel = tree / "attnlib" / "kernels" / "flash" / "forward.py"
-    kernel.write_text(kernel.read_text() + "\n# a change\n")
+    kernel.write_text(kernel.read_text() + "\n_A_CHANGE = 1\n")
     for a in artifacts.ARTIFACTS:
         why = artifacts.staleness(a, before[a.name])
         assert why == ["changed: attnlib/kernels/flash/forward.py"], (a.name, why)
@@ -63,10 +63,23 @@ def test_a_changed_kernel_makes_the_kernel_results_stale_and_names_the_command(t
         assert a.shell() in message and "make artifacts" in message
 
 
+def test_a_rewrapped_commented_or_redocumented_kernel_leaves_the_kernel_results_current(tree):
+    """The stamp reads what a file executes: a comment, a docstring or a line broken to fit a page
+    change no result; one changed constant does."""
+    before = {a.name: artifacts.stamp(a) for a in artifacts.ARTIFACTS}
+    kernel = tree / "attnlib" / "kernels" / "flash" / "forward.py"
+    source = kernel.read_text()
+    laid_out = source.replace('"""', '"""Rewritten. ', 1).replace("(", "(\n    ", 3) + "\n# a comment\n"
+    kernel.write_text(laid_out)
+    assert all(artifacts.staleness(a, before[a.name]) == [] for a in artifacts.ARTIFACTS)
+    kernel.write_text(laid_out + "_A_CONSTANT = 2\n")
+    assert all(artifacts.staleness(a, before[a.name]) for a in artifacts.ARTIFACTS)
+
+
 def test_a_changed_exercise_figure_or_experiment_leaves_the_kernel_results_current(tree):
     before = {a.name: artifacts.stamp(a) for a in artifacts.ARTIFACTS}
     for f in ("exercises/ch01.py", "widgets/_style.py", "experiments/landscape.py"):
-        (tree / "attnlib" / f).write_text((tree / "attnlib" / f).read_text() + "\n# a change\n")
+        (tree / "attnlib" / f).write_text((tree / "attnlib" / f).read_text() + "\n_A_CHANGE = 1\n")
     assert all(artifacts.staleness(a, before[a.name]) == [] for a in artifacts.ARTIFACTS)
 
 

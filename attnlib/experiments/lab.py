@@ -49,6 +49,9 @@ REPOSITORY_RAW = "https://raw.githubusercontent.com/attention-as-transport/atten
 # The characters an output box shows without scrolling on a laptop (about 80 at 1280 px): check lines
 # are wrapped to it, and the labs print their own lines within it.
 OUTPUT_WIDTH = 80
+# The characters a code box shows at 1280 px (13-px monospace, book/_static/custom.css): every line of code
+# a reader's page shows -- a lab's cells, an exercise's stub and solution, a chapter's listing -- fits it.
+CODE_WIDTH = 80
 
 
 def wrap_mark(mark: str, claim: str, detail: str = "") -> str:
