@@ -37,23 +37,28 @@ from ._backend import MAX_HEAD_DIM, choose_backend
 from ._numerics import acc_dtype, split_nonfinite
 
 
-def softmax_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
-                                scale: float, causal: bool
-                                ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The definition, in plain PyTorch.  ``q, k: [B, H, T, D]``, ``v: [B, H, T, Dv]``.
+def softmax_attention_reference(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
+    scale: float, causal: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The definition, in plain PyTorch.  ``q, k: [B, H, T, D]``,
+    ``v: [B, H, T, Dv]``.
 
-    Computes in float32 (float64 for float64 inputs) so that half-precision inputs with huge
-    logits stay finite. Returns ``(o [B, H, Tq, Dv] in q's dtype, lse [B, H, Tq] in float32/64)``.
-    Inputs are taken as valid: :func:`softmax_attention` checks them and then calls this.
+    Computes in float32 (float64 for float64 inputs) so that half-precision
+    inputs with huge logits stay finite. Returns
+    ``(o [B, H, Tq, Dv] in q's dtype, lse [B, H, Tq] in float32/64)``.
+    Inputs are taken as valid: :func:`softmax_attention` checks them and then
+    calls this.
     """
     acc = acc_dtype(q.dtype)
-    s = scale * (q.to(acc) @ k.to(acc).transpose(-1, -2))            # [B, H, Tq, Tk]
+    s = scale * (q.to(acc) @ k.to(acc).transpose(-1, -2))    # [B, H, Tq, Tk]
     if causal:
         Tq, Tk = s.shape[-2:]
-        keep = torch.ones(Tq, Tk, dtype=torch.bool, device=s.device).tril()   # j <= i
+        # keep[i, j] = (j <= i)
+        keep = torch.ones(Tq, Tk, dtype=torch.bool, device=s.device).tril()
         s = s.masked_fill(~keep, float("-inf"))
-    lse = torch.logsumexp(s, dim=-1)                                  # [B, H, Tq]
-    p = torch.exp(s - lse.unsqueeze(-1))                              # rows sum to 1
+    lse = torch.logsumexp(s, dim=-1)                          # [B, H, Tq]
+    p = torch.exp(s - lse.unsqueeze(-1))                      # rows sum to 1
     return (p @ v.to(acc)).to(q.dtype), lse
 
 

@@ -91,10 +91,11 @@ def _within_chunk_decay(g_chunk):
 def ut_transform(k, beta, g=None):
     """The UT transform of a chunk.  ``k: [..., C, D]``, ``beta, g: [..., C]``.
 
-    Returns ``(T [..., C, C], Gamma [..., C, C] or None, G [..., C] or None)`` with
-    ``T = (I + tril(diag(beta)(K K^T . Gamma), -1))^{-1} diag(beta)`` -- one unit-lower-triangular
-    solve (forward substitution). Then ``W = T diag(gamma) K`` and ``U = T V`` are the WY factors:
-    the chunk's net effect is ``S_end = gamma_C S0 + (U - W S0^T)^T diag(gamma_C / gamma) K``.
+    Returns ``(T [..., C, C], Gamma [..., C, C] or None, G [..., C] or None)``
+    with ``T = (I + tril(diag(beta)(K K^T . Gamma), -1))^{-1} diag(beta)`` --
+    one unit-lower-triangular solve (forward substitution). Then
+    ``W = T diag(gamma) K`` and ``U = T V`` are the WY factors: the chunk's net
+    effect is ``S_end = gamma_C S0 + (U - W S0^T)^T diag(gamma_C / gamma) K``.
     """
     C = k.shape[-2]
     A = k @ k.transpose(-1, -2)
@@ -102,9 +103,11 @@ def ut_transform(k, beta, g=None):
     if g is not None:
         G, Gamma = _within_chunk_decay(g)
         A = A * Gamma
-    A = torch.tril(beta.unsqueeze(-1) * A, diagonal=-1)      # tril selects: what lies above is never read
+    # tril selects: what lies above is never read
+    A = torch.tril(beta.unsqueeze(-1) * A, diagonal=-1)
     eye = torch.eye(C, dtype=k.dtype, device=k.device)
-    T = torch.linalg.solve_triangular(eye + A, torch.diag_embed(beta), upper=False, unitriangular=True)
+    T = torch.linalg.solve_triangular(eye + A, torch.diag_embed(beta),
+                                      upper=False, unitriangular=True)
     return T, Gamma, G
 
 

@@ -89,7 +89,8 @@ def dual_value(C: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 def gibbs_plan(C: torch.Tensor, eps: float) -> torch.Tensor:
-    """The closed-form optimum, ``exp(-C / eps)`` normalised per row (i.e. softmax(-C / eps))."""
+    """The closed-form optimum, ``exp(-C / eps)`` normalised per row
+    (i.e. softmax(-C / eps))."""
     C = _check_cost(C)
     eps = _validate.check_positive("eps", eps)
     return torch.softmax(-C / eps, dim=-1)

@@ -161,41 +161,55 @@ def linear_attention_parallel_reference(q, k, v, *, initial_state=None, causal: 
     return o, S
 
 
-def linear_attention_recurrent_reference(q, k, v, *, initial_state=None, causal: bool):
-    """``S_t = S_{t-1} + v_t k_t^T``, ``o_t = S_t q_t``: the RNN. O(T D^2), one token at a time.
+def linear_attention_recurrent_reference(q, k, v, *, initial_state=None,
+                                         causal: bool):
+    """``S_t = S_{t-1} + v_t k_t^T``, ``o_t = S_t q_t``: the RNN. O(T D^2), one
+    token at a time.
 
     Non-causal: every query reads the final state, ``o_t = S_T q_t``.
     """
     B, H, T, D = q.shape
-    S = q.new_zeros(B, H, v.shape[-1], D) if initial_state is None else initial_state
+    S = (q.new_zeros(B, H, v.shape[-1], D) if initial_state is None
+         else initial_state)
     outs = []
     for t in range(T):
-        S = S + v[:, :, t, :, None] * k[:, :, t, None, :]     # outer product v_t k_t^T
-        outs.append(S @ q[:, :, t, :, None])                  # [B, H, Dv, 1]
+        # outer product v_t k_t^T
+        S = S + v[:, :, t, :, None] * k[:, :, t, None, :]
+        outs.append(S @ q[:, :, t, :, None])        # [B, H, Dv, 1]
     if not causal:
         return q @ S.transpose(-1, -2), S
-    o = torch.cat(outs, dim=-1).transpose(-1, -2) if T else q.new_zeros(B, H, 0, v.shape[-1])
+    o = (torch.cat(outs, dim=-1).transpose(-1, -2) if T
+         else q.new_zeros(B, H, 0, v.shape[-1]))
     return o, S
 
 
-def linear_attention_chunk_reference(q, k, v, *, initial_state=None, causal: bool, chunk_size: int = 64):
-    """Chunkwise: for each chunk ``c`` of ``C`` rows, ``O_c = (Q_c K_c^T . M) V_c + Q_c S_{c-1}^T``
-    (this chunk by the quadratic form, earlier chunks through the state), then
-    ``S_c = S_{c-1} + V_c^T K_c``. Cost ``O(T C D + T D^2)``; memory: one state.
+def linear_attention_chunk_reference(q, k, v, *, initial_state=None,
+                                     causal: bool, chunk_size: int = 64):
+    """Chunkwise: for each chunk ``c`` of ``C`` rows,
+    ``O_c = (Q_c K_c^T . M) V_c + Q_c S_{c-1}^T`` (this chunk by the quadratic
+    form, earlier chunks through the state), then ``S_c = S_{c-1} + V_c^T K_c``.
+    Cost ``O(T C D + T D^2)``; memory: one state.
 
-    Any ``T``: the last chunk is simply shorter. Non-causal: ``O = Q (S_0 + V^T K)^T``.
+    Any ``T``: the last chunk is simply shorter. Non-causal:
+    ``O = Q (S_0 + V^T K)^T``.
     """
     B, H, T, D = q.shape
-    S = q.new_zeros(B, H, v.shape[-1], D) if initial_state is None else initial_state
-    if not causal:                                            # no mask: the bracket moves freely
+    S = (q.new_zeros(B, H, v.shape[-1], D) if initial_state is None
+         else initial_state)
+    if not causal:          # no mask: the bracket moves freely
         S = S + v.transpose(-1, -2) @ k
         return q @ S.transpose(-1, -2), S
     outs = []
     for s in range(0, T, chunk_size):
-        qc, kc, vc = q[:, :, s:s + chunk_size], k[:, :, s:s + chunk_size], v[:, :, s:s + chunk_size]
-        intra = (qc @ kc.transpose(-1, -2)).tril() @ vc        # (Q_c K_c^T . M) V_c
-        outs.append(intra + qc @ S.transpose(-1, -2))          # plus everything before it: Q_c S^T
-        S = S + vc.transpose(-1, -2) @ kc                      # write the chunk into the state
+        qc, kc, vc = (q[:, :, s:s + chunk_size],
+                      k[:, :, s:s + chunk_size],
+                      v[:, :, s:s + chunk_size])
+        # (Q_c K_c^T . M) V_c
+        intra = (qc @ kc.transpose(-1, -2)).tril() @ vc
+        # plus everything before it: Q_c S^T
+        outs.append(intra + qc @ S.transpose(-1, -2))
+        # write the chunk into the state
+        S = S + vc.transpose(-1, -2) @ kc
     o = torch.cat(outs, dim=2) if outs else q.new_zeros(B, H, 0, v.shape[-1])
     return o, S
 

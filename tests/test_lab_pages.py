@@ -9,9 +9,12 @@ from pathlib import Path
 
 import pytest
 
+from attnlib.experiments.lab import CODE_WIDTH
+
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 GLUE = ("glue", "glue_figure")
+HIDDEN = {"remove-cell", "remove-input"}     # tags of the code cells whose code the book leaves off the page
 
 
 def _extension(name: str):
@@ -38,6 +41,17 @@ def _code_cells(path: Path):
     for i, cell in enumerate(json.loads(path.read_text())["cells"]):
         if cell["cell_type"] == "code":
             yield i, cell, "".join(cell["source"])
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_every_line_of_code_a_lab_page_shows_fits_a_code_box(path):
+    """A code box on a page shows ``CODE_WIDTH`` characters at 1280 px; a longer line hides its end behind a
+    scroll bar. Every line of a cell the page shows fits (a cell tagged remove-cell or remove-input is not
+    shown, and may be wider)."""
+    wide = [f"cell {i} line {n}: {len(line)} characters"
+            for i, cell, src in _code_cells(path) if not HIDDEN & set(cell.get("metadata", {}).get("tags", []))
+            for n, line in enumerate(src.split("\n"), 1) if len(line) > CODE_WIDTH]
+    assert not wide, f"{path.name}: lines wider than a code box ({CODE_WIDTH} characters): " + "; ".join(wide)
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)

@@ -168,14 +168,16 @@ def _check_score(M) -> float:
 
 
 def needle_mass(T: int, M: float) -> float:
-    """``pi(M) = e^M / (e^M + T - 1)``: the weight the exact row puts on the needle (``T >= 1`` keys,
-    any finite ``M``). Evaluated as the logistic function of ``M - log(T - 1)``, which neither
-    overflows nor loses the small masses."""
+    """``pi(M) = e^M / (e^M + T - 1)``: the weight the exact row puts on the
+    needle (``T >= 1`` keys, any finite ``M``). Evaluated as the logistic
+    function of ``M - log(T - 1)``, which neither overflows nor loses the
+    small masses."""
     T, M = _validate.check_int("T", T, lo=1), _check_score(M)
     if T == 1:
-        return 1.0                                          # the needle is the only key
+        return 1.0                      # the needle is the only key
     x = M - math.log(T - 1)
-    return 1.0 / (1.0 + math.exp(-x)) if x >= 0 else math.exp(x) / (1.0 + math.exp(x))
+    return (1.0 / (1.0 + math.exp(-x)) if x >= 0
+            else math.exp(x) / (1.0 + math.exp(x)))
 
 
 def uniform_miss_error(T: int, n_seen: int, M: float) -> float:

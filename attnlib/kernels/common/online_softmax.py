@@ -167,19 +167,22 @@ def poison_rows(x, bad, offs_m):
 
 @triton.jit
 def online_softmax_update(acc, l_i, m_i, s, v, PRECISION: tl.constexpr):
-    """Fold base-2 scores ``s [BLOCK_M, BLOCK_N]`` (masked entries already ``-inf``) and values
-    ``v [BLOCK_N, BLOCK_DV]`` into the running ``acc [BLOCK_M, BLOCK_DV]``, ``l_i``, ``m_i [BLOCK_M]``.
+    """Fold base-2 scores ``s [BLOCK_M, BLOCK_N]`` (masked entries already
+    ``-inf``) and values ``v [BLOCK_N, BLOCK_DV]`` into the running
+    ``acc [BLOCK_M, BLOCK_DV]``, ``l_i``, ``m_i [BLOCK_M]``.
 
-    A row whose scores so far are all ``-inf`` (masked keys, or real ``-inf`` logits from a non-finite
-    input, in any tile) keeps ``m = -inf``; its reference max is then taken as 0 so that
-    ``exp2(-inf - 0) = 0`` instead of ``exp2(-inf + inf) = NaN``, and a later finite logit still counts.
+    A row whose scores so far are all ``-inf`` (masked keys, or real ``-inf``
+    logits from a non-finite input, in any tile) keeps ``m = -inf``; its
+    reference max is then taken as 0 so that ``exp2(-inf - 0) = 0`` instead of
+    ``exp2(-inf + inf) = NaN``, and a later finite logit still counts.
     """
     m_new = tl.maximum(m_i, tl.max(s, 1))
     m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
     alpha = tl.exp2(m_i - m_ref)
     p = tl.exp2(s - m_ref[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
-    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+    acc = (acc * alpha[:, None]
+           + tl.dot(p.to(v.dtype), v, input_precision=PRECISION))
     return acc, l_i, m_new
 
 
