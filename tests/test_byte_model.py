@@ -166,8 +166,12 @@ def test_real_input_figure(att):
         z = np.asarray(tr.z, dtype=np.float64)
         upper = np.triu_indices(T, 1)
         assert np.isnan(z[upper]).all() and not np.isnan(z[np.tril_indices(T)]).any()
-        assert "query %{y}, ending “%{customdata}”" in tr.hovertemplate and "%{z:.3f}" in tr.hovertemplate
-        assert tr.customdata[5][0] == "def␣to" and tr.customdata[12][0] == "…␣total(ite"
+        assert "query %{y}, ending “%{customdata[0]}”" in tr.hovertemplate and "%{z:.3f}" in tr.hovertemplate
+        assert "key %{x}, ending “%{customdata[1]}”" in tr.hovertemplate
+        # cell [t, j]: the text the query ends, then the text the key ends (which ␣ of the snippet it is)
+        assert tr.customdata[5][0][0] == "def␣to" and tr.customdata[12][3][0] == "…␣total(ite"
+        assert tr.customdata[12][5][1] == "def␣to" and tr.customdata[0][12][1] == "…␣total(ite"
+    assert "under softmax" in fig.layout.title.subtitle.text
     z0 = np.asarray(fig.frames[1].data[0].z, dtype=np.float64)
     np.testing.assert_allclose(np.nan_to_num(z0), views[1].softmax.numpy(), atol=1e-3)
     with pytest.raises(TypeError, match="views"):

@@ -819,3 +819,25 @@ def test_stack_panels_and_colorbar_helpers():
         stack_panels(fig, [["xaxis9"]])
     with pytest.raises(ValueError, match="heights"):
         stack_panels(fig, heights=[1, 2])
+
+
+def test_blue_is_positive_in_the_plan_and_in_the_signed_scale():
+    """One colour convention in a figure that sets a plan beside signed weights: the plan's large mass
+    and a positive signed weight are both blue, a negative weight red (never blue)."""
+    import plotly.colors
+
+    from attnlib.widgets._style import DIVERGING_SCALE, PLAN_SCALE
+
+    def rgb(name, at):
+        scale = plotly.colors.get_colorscale(name)
+        colour = plotly.colors.sample_colorscale(scale, [at], colortype="tuple")[0]
+        return [c * 255 if max(colour) <= 1 else c for c in colour]
+
+    def blue(c):
+        return c[2] > c[0] + 40
+
+    def red(c):
+        return c[0] > c[2] + 40
+
+    assert blue(rgb(PLAN_SCALE, 1.0))
+    assert blue(rgb(DIVERGING_SCALE, 1.0)) and red(rgb(DIVERGING_SCALE, 0.0))

@@ -10,7 +10,9 @@ Colours: ``THEORY_MEASURED`` pairs are for one quantity drawn twice -- predicted
 measured (markers of the same colour) -- so that the eye pairs them without reading the legend.
 A plan (attention weights, a transport plan: non-negative) is drawn in ``PLAN_SCALE`` in every chapter;
 a signed quantity (weights that may be negative) in ``DIVERGING_SCALE``, centred on 0 -- and its colour
-bar says so. Cells a query may not look at (a causal mask) are ``MASKED_COLOUR``, never a weight of 0.
+bar says so. Blue is positive in both (a plan's mass, a positive weight) and red negative, so that a
+figure with a plan beside signed weights has one colour convention. Cells a query may not look at (a
+causal mask) are ``MASKED_COLOUR``, never a weight of 0.
 
 Titles start under Plotly's toolbar (the modebar, top right: ``MODEBAR_PX``), so that on a phone the
 toolbar never covers the title's end; a subtitle goes in ``title.subtitle`` (:func:`title`), at 11 px or
@@ -35,7 +37,7 @@ TEMPLATE = "attention_as_transport"
 COLORWAY = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#000000", "#F0E442")
 FONT = "Helvetica Neue, Helvetica, Arial, sans-serif"
 PLAN_SCALE = "Blues"             # the plan: non-negative weights and masses (white 0, dark blue large)
-DIVERGING_SCALE = "RdBu_r"       # signed quantities, centred on 0: blue negative, white 0, red positive
+DIVERGING_SCALE = "RdBu"         # signed quantities, centred on 0: red negative, white 0, blue positive
 MASKED_COLOUR = "#c4c4c4"        # cells the query may not look at: not white (weight 0), not a blue
 MASKED_NOTE = "grey: masked (the query may not look there)"
 SIGNED_NOTE = "signed, 0 = white"  # for a colour bar title on DIVERGING_SCALE

@@ -50,17 +50,23 @@ def _masked(W) -> np.ndarray:
 
 
 def _hover_data(text: str) -> np.ndarray:
-    """Per cell ``[t, j]``: the text query ``t`` ends (visible whitespace, the last ``PREFIX_CHARS``)."""
+    """Per cell ``[t, j]``: the text that query ``t`` ends and the text that key ``j`` ends (visible
+    whitespace, the last ``PREFIX_CHARS``), so that a hover tells which ␣ of the snippet a key is."""
     labels = [visible(c) for c in text]
     ends = ["…" * (t + 1 > PREFIX_CHARS) + "".join(labels[max(0, t + 1 - PREFIX_CHARS):t + 1])
             for t in range(len(text))]
-    return np.array([[e] * len(text) for e in ends], dtype=object)
+    cells = np.empty((len(text), len(text), 2), dtype=object)
+    for t, e in enumerate(ends):
+        cells[t, :, 0] = e
+        cells[:, t, 1] = e
+    return cells
 
 
 def _subtitle(v: HeadView) -> str:
     r = v.roles
     role = r["role"]
-    return wrap(f"head {v.layer + 1}.{v.head + 1}: {r[role]:.2f} of a row on "
+    # measured on softmax's plan: said so, since the linear button shows other weights under the same title
+    return wrap(f"head {v.layer + 1}.{v.head + 1} under softmax: {r[role]:.2f} of a row on "
                 f"{SHORT_ROLE.get(role, ROLE_TEXT.get(role, role))}", SUBTITLE_LINE_CHARS)
 
 
@@ -84,8 +90,8 @@ def real_input_figure(att: SnippetAttention, views: Sequence[HeadView], *, activ
                  tickfont=dict(size=10, family="Menlo, Consolas, monospace"), showgrid=False)
     cd = _hover_data(att.text)
     # on these axes %{y} and %{x} are the tick labels: the query's and the key's characters
-    hover = ("query %{y}, ending “%{customdata}”<br>key %{x}<br>weight %{z:.3f}"
-             "<extra>%{fullData.name}</extra>")
+    hover = ("query %{y}, ending “%{customdata[0]}”<br>key %{x}, ending “%{customdata[1]}”<br>"
+             "weight %{z:.3f}<extra>%{fullData.name}</extra>")
 
     def traces(v: HeadView) -> list[go.Heatmap]:
         return [go.Heatmap(z=_masked(v.softmax), name=MECHANISMS[0], visible=True),
