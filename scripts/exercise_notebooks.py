@@ -5,19 +5,34 @@ stubs, solutions and checks), or check that the committed notebooks are what it 
     python scripts/exercise_notebooks.py --check   # exit 1 naming any notebook that differs
 
 A notebook per chapter, next to its lab (``notebooks/01_softmax_is_eot_lab.ipynb`` ->
-``notebooks/01_softmax_is_eot_exercises.ipynb``): the set-up cell of the labs, then per exercise a
-numbered section with its statement, a code cell holding the stub and the checker's call, and the
-solution folded in a ``<details>`` block, which JupyterLab, Colab and the built book all show closed.
-The appendix's notebook switches Triton's interpreter on in its first cell, so the kernel puzzles run
-on any CPU.
+``notebooks/01_softmax_is_eot_exercises.ipynb``): the introduction; a folded example of the checker's
+verdicts (below); the set-up cell of the labs; then per exercise a numbered section with its statement,
+a code cell holding the stub and the checker's call, and the solution folded in a ``<details>`` block,
+which JupyterLab, Colab and the built book all show closed. The appendix's notebook switches Triton's
+interpreter on in its first cell, so the kernel puzzles run on any CPU. Every line of code a page shows
+fits ``attnlib.experiments.lab.CODE_WIDTH`` (tests/test_exercises.py).
+
+The example is text this script writes by running the checker (:data:`VERDICT_EXAMPLES`): one of the
+wrong answers a chapter's module keeps for its tests, executed from the very source the page shows,
+and what ``lab.exercise`` prints for it and for the worked solution, with the notebook's seed. So the
+page shows a verdict without running anything, and ``--check`` (a unit test) fails when the checker, an
+exercise or its inputs change what it says. The appendix's example runs through Triton's interpreter:
+in this process when it is on (or triton is not imported yet), otherwise in a child process.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
+import inspect
 import json
+import linecache
+import os
+import re
+import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -55,19 +70,35 @@ PUZZLE_INTRO = (
     "wrong and why when it is. A worked solution is folded under each puzzle.")
 
 
+# chapter -> (exercise, the wrong answer its verdict example shows: one of that exercise's ``wrong``,
+# named as in its module; self-contained, since the page shows its source and the example runs that)
+VERDICT_EXAMPLES = {
+    "1": ("sinkhorn", "_sinkhorn_rows_only"),
+    "2": ("block-sparse attention", "_sparse_times_zero"),
+    "3": ("recurrent linear attention", "_recurrent_read_first"),
+    "4": ("delta rule", "_delta_outer_transposed"),
+    "5": ("simhash codes", "_codes_ge"),
+    "6": ("plucker coordinates", "_pl_fp16"),
+    "7": ("lightning indexer", "_scores_relu_after"),
+    "A": ("chunk state update", "_state_no_correction"),
+}
+
+
 def setup_source(interpret: bool) -> str:
-    lines = ["# Set-up: works locally and on Colab (installs attnlib from the book's repository if missing)."]
-    if interpret:
-        lines += ["import os",
-                  "# The puzzles run through Triton's interpreter on any machine; Triton reads this when a",
-                  "# kernel is defined, so it is set before anything imports triton.",
-                  'os.environ["TRITON_INTERPRET"] = "1"']
-    lines += [
+    lines = [
+        "# Set-up: works locally and on Colab (installs attnlib if missing).",
         "import importlib.util, subprocess, sys",
+        f'REPO = "{REPOSITORY}"',
         'if importlib.util.find_spec("attnlib") is None:',
         '    subprocess.run([sys.executable, "-m", "pip", "install", "-q",',
-        f'                    "attnlib @ git+{REPOSITORY}"],',
-        "                   check=True)",
+        '                    f"attnlib @ git+{REPO}"], check=True)',
+    ]
+    if interpret:
+        lines += ["import os",
+                  "# The puzzles run through Triton's interpreter on any machine; Triton reads",
+                  "# this when a kernel is defined, so it is set before anything imports triton.",
+                  'os.environ["TRITON_INTERPRET"] = "1"']
+    lines += [
         "from attnlib.experiments.lab import setup",
         "lab = setup(seed=0)   # the seed of the checker's random inputs",
         "print(lab)",
@@ -82,6 +113,76 @@ def exercise_cell(ex) -> str:
 def solution_markdown(ex) -> str:
     code = f"{ex.imports.rstrip()}\n\n\n{ex.solution_source().rstrip()}"
     return f"<details>\n<summary>Solution</summary>\n\n```python\n{code}\n```\n\n</details>"
+
+
+def _define(ex, source: str):
+    """The function ``source`` defines, executed below the exercise's imports in a fresh namespace, as a
+    reader's cell would run it (Triton reads a kernel's source from its file: the code gets one)."""
+    code = f"{ex.imports}\n\n{source}"
+    filename = f"<exercises page: {ex.name}>"
+    linecache.cache[filename] = (len(code), None, code.splitlines(keepends=True), filename)
+    namespace: dict = {}
+    exec(compile(code, filename, "exec"), namespace)  # noqa: S102 - the book's own code
+    return namespace[ex.function_name]
+
+
+def _fn_name(fn) -> str:
+    return getattr(getattr(fn, "fn", fn), "__name__", "")
+
+
+def verdict(ch: str) -> dict:
+    """Chapter ``ch``'s verdict example, made by running the checker: the wrong answer's source (under
+    the name of the function the reader writes), what the checker says to it, and to the solution."""
+    from attnlib import exercises
+
+    name, wrong_name = VERDICT_EXAMPLES[ch]
+    ex = exercises.get(name)
+    wrong = next((w for w in ex.wrong if _fn_name(w.fn) == wrong_name), None)
+    if ex.chapter != ch or wrong is None:
+        raise ValueError(f"VERDICT_EXAMPLES[{ch!r}]: {wrong_name} is not a wrong answer of chapter {ch}'s "
+                         f"exercise {name!r}")
+    source = textwrap.dedent(inspect.getsource(getattr(wrong.fn, "fn", wrong.fn))).rstrip() + "\n"
+    source = re.sub(rf"\bdef {re.escape(wrong_name)}\(", f"def {ex.function_name}(", source, count=1)
+    failed = exercises.check(ex.name, _define(ex, source)).message
+    if failed != exercises.check(ex.name, wrong.fn).message:
+        raise ValueError(f"VERDICT_EXAMPLES[{ch!r}]: {wrong_name}, run from its source, is not what the module "
+                         "runs (does it call a helper?): pick a self-contained wrong answer")
+    passed = exercises.check(ex.name, _define(ex, ex.solution_source())).message
+    if not (failed.startswith("✗") and passed.startswith("✓")):
+        raise ValueError(f"chapter {ch}'s verdict example: expected a failure and a pass, got\n{failed}\n{passed}")
+    number = [e.name for e in exercises.chapter(ch)].index(ex.name) + 1
+    return {"exercise": ex.name, "number": number, "title": ex.title, "function": ex.function_name,
+            "source": source, "failed": failed, "passed": passed}
+
+
+def _interpreter_on() -> bool:
+    """Whether Triton runs kernels through its interpreter in this process, as the puzzles' verdict
+    needs; switched on here when triton is not imported yet (the appendix's set-up cell does the same)."""
+    if "triton" not in sys.modules:
+        os.environ["TRITON_INTERPRET"] = "1"
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+@functools.cache
+def verdicts() -> dict[str, dict]:
+    """Every chapter's verdict example: here, or in a child process with Triton's interpreter on."""
+    if _interpreter_on():
+        return {ch: verdict(ch) for ch in CHAPTERS}
+    out = subprocess.run([sys.executable, __file__, "--verdicts"], capture_output=True, text=True,
+                         env={**os.environ, "TRITON_INTERPRET": "1"}, check=True)
+    return json.loads(out.stdout)
+
+
+def verdict_markdown(v: dict) -> str:
+    """A closed fold: the wrong answer, the checker's message for it, and its message for the solution."""
+    return (f"<details>\n<summary>What the checker says: an example</summary>\n\n"
+            f"A plausible wrong answer to {'puzzle' if v['source'].startswith('@triton') else 'exercise'} "
+            f"{v['number']}, *{v['title']}*:\n\n"
+            f"```python\n{v['source'].rstrip()}\n```\n\n"
+            f"`lab.exercise(\"{v['exercise']}\", {v['function']})` prints:\n\n"
+            f"```text\n{v['failed']}\n```\n\n"
+            f"and for the worked solution:\n\n"
+            f"```text\n{v['passed']}\n```\n\n</details>")
 
 
 def _cell(kind: str, source: str, key: str) -> dict:
@@ -103,6 +204,7 @@ def notebook(ch: str) -> tuple[Path, dict]:
             else f"[chapter {ch}](../book/{chapter_page}.md)")
     intro = PUZZLE_INTRO if ch == "A" else INTRO
     cells = [_cell("markdown", f"# {heading}\n\nThe checked exercises of {link}. {intro}", f"{stem}:intro"),
+             _cell("markdown", verdict_markdown(verdicts()[ch]), f"{stem}:verdicts"),
              _cell("code", setup_source(interpret=ch == "A"), f"{stem}:setup")]
     for n, ex in enumerate(exercises.chapter(ch), start=1):
         cells += [_cell("markdown", f"## {n}. {ex.title}\n\n{ex.statement}", f"{stem}:{ex.name}:statement"),
@@ -122,7 +224,13 @@ def text(nb: dict) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--check", action="store_true", help="only compare with the committed notebooks")
+    ap.add_argument("--verdicts", action="store_true", help=argparse.SUPPRESS)   # verdicts()' child
     args = ap.parse_args(argv)
+    if args.verdicts:
+        if not _interpreter_on():
+            raise SystemExit("--verdicts runs the kernel puzzles: set TRITON_INTERPRET=1")
+        print(json.dumps({ch: verdict(ch) for ch in CHAPTERS}))
+        return 0
     stale = []
     for ch in CHAPTERS:
         path, nb = notebook(ch)

@@ -9,6 +9,7 @@ notebooks are what ``scripts/exercise_notebooks.py`` writes from the package."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import re
 from pathlib import Path
@@ -18,6 +19,7 @@ import torch
 
 from attnlib import exercises
 from attnlib.exercises._checker import WIDTH, Case, Exercise, Wrong, compare, run
+from attnlib.experiments.lab import CODE_WIDTH
 
 ROOT = Path(__file__).resolve().parents[1]
 ALL = exercises.all_exercises()
@@ -186,7 +188,63 @@ def test_the_exercises_notebooks_are_written_from_the_package():
 
 @pytest.mark.parametrize("ex", ALL, ids=IDS)
 def test_the_stub_and_the_solution_fit_the_page(ex):
-    """The stub is a code cell and the solution a folded block: lines within the labs' 100 columns."""
+    """The stub is a code cell and the solution a folded block: lines within a code box's CODE_WIDTH."""
     long = [(kind, n, len(line)) for kind, src in (("stub", ex.stub_source()), ("solution", ex.solution_source()))
-            for n, line in enumerate(src.splitlines(), start=1) if len(line) > 100]
-    assert not long, f"{ex.name}: lines over 100 characters (part, line, length): {long}"
+            for n, line in enumerate(src.splitlines(), start=1) if len(line) > CODE_WIDTH]
+    assert not long, f"{ex.name}: lines over {CODE_WIDTH} characters (part, line, length): {long}"
+
+
+PAGES = sorted((ROOT / "notebooks").glob("*_exercises.ipynb"))
+
+
+def _cells(page: Path) -> list[tuple[str, str]]:
+    return [(c["cell_type"], "".join(c["source"])) for c in json.loads(page.read_text())["cells"]]
+
+
+def _fenced(markdown: str) -> list[tuple[str, str]]:
+    """The fenced blocks of a markdown cell: (language, body)."""
+    return re.findall(r"^```(\w*)\n(.*?)^```$", markdown, flags=re.M | re.S)
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[p.stem for p in PAGES])
+def test_every_line_of_code_an_exercises_page_shows_fits_a_code_box(page):
+    """Code cells (set-up, stubs) and the fenced blocks of the markdown (folded solutions, the verdict
+    example): at 1280 px a code box shows CODE_WIDTH characters; a longer line hides behind a scroll bar."""
+    shown = [src if kind == "code" else body for kind, src in _cells(page)
+             for body in ([src] if kind == "code" else [b for _, b in _fenced(src)])]
+    long = [line for block in shown for line in block.splitlines() if len(line) > CODE_WIDTH]
+    assert not long, f"{page.name}: lines over {CODE_WIDTH} characters: {long}"
+
+
+SETUP = """# Set-up: works locally and on Colab (installs attnlib if missing).
+import importlib.util, subprocess, sys
+REPO = "https://github.com/attention-as-transport/attention-as-transport"
+if importlib.util.find_spec("attnlib") is None:
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q",
+                    f"attnlib @ git+{REPO}"], check=True)
+"""
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[p.stem for p in PAGES])
+def test_an_exercises_page_shows_a_folded_verdict_before_its_exercises(page):
+    """After the introduction, before the set-up and exercise 1: a closed fold with one of the chapter's
+    wrong answers for its tests, the checker's message for it (carrying the words CI expects of it) and
+    its pass message. That the messages are the checker's own, current output is the notebooks-are-
+    written-from-the-package test's (the script writes them by running the checker)."""
+    cells = _cells(page)
+    assert [kind for kind, _ in cells[:3]] == ["markdown", "markdown", "code"], page.name
+    intro, fold, setup = (src for _, src in cells[:3])
+    assert intro.startswith("# ") and setup.startswith(SETUP), page.name
+    assert fold.startswith("<details>\n<summary>") and fold.rstrip().endswith("</details>"), page.name
+    assert fold.count("<details") == 1, f"{page.name}: the fold must start closed"
+    blocks = _fenced(fold)
+    assert [lang for lang, _ in blocks] == ["python", "text", "text"], page.name
+    (_, source), (_, failed), (_, passed) = blocks
+    ch = "A" if page.stem.startswith("a1") else page.stem[1]
+    name, wrong_name = _script("exercise_notebooks").VERDICT_EXAMPLES[ch]
+    ex = exercises.get(name)
+    wrong = [w for w in ex.wrong if getattr(w.fn, "fn", w.fn).__name__ == wrong_name]
+    assert ex.chapter == ch and wrong, f"{page.name}: {wrong_name} is not a wrong answer of {name!r}"
+    assert f"def {ex.function_name}(" in source and f'lab.exercise("{name}", {ex.function_name})' in fold
+    assert failed.startswith(f"✗ {name}: wrong on input") and wrong[0].shows.lower() in _flat(failed), failed
+    assert passed.startswith(f"✓ {name}: right on all"), passed

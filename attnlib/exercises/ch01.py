@@ -19,11 +19,11 @@ f64 = torch.float64
 
 def softmax_from_dual(scores, eps):
     """The plan of the one-sided problem with cost ``-scores``:
-    ``scores [..., Nq, Nk]`` (entries may be ``-inf``, a masked key; every row has
-    at least one finite entry), ``eps > 0``. Compute each row's dual potential
-    ``f_i = -eps * log sum_j exp(s_ij / eps)``, then
-    ``P_ij = exp((s_ij + f_i) / eps)``, without torch.softmax or torch.logsumexp.
-    Return ``P`` (same shape; rows sum to 1)."""
+    ``scores [..., Nq, Nk]`` (entries may be ``-inf``, a masked key; every row
+    has at least one finite entry), ``eps > 0``. Compute each row's dual
+    potential ``f_i = -eps * log sum_j exp(s_ij / eps)``, then
+    ``P_ij = exp((s_ij + f_i) / eps)``, without torch.softmax or
+    torch.logsumexp. Return ``P`` (same shape; rows sum to 1)."""
     half = scores.dtype in (torch.float16, torch.bfloat16)
     s = scores.to(torch.float32 if half else scores.dtype) / eps
     # the largest score: no exp(x) with x > 0
@@ -115,12 +115,12 @@ SOFTMAX_FROM_DUAL = Exercise(
 # --- 2. Sinkhorn ----------------------------------------------------------------------------------
 
 def sinkhorn_plan(C, eps, a, b):
-    """The two-sided entropic plan: ``C [Nq, Nk]``, ``eps > 0``, marginals ``a [Nq]``,
-    ``b [Nk]`` (positive, equal totals). Alternate
+    """The two-sided entropic plan: ``C [Nq, Nk]``, ``eps > 0``, marginals
+    ``a [Nq]``, ``b [Nk]`` (positive, equal totals). Alternate
     ``f_i = eps log a_i - eps log sum_j exp((g_j - C_ij) / eps)`` and
-    ``g_j = eps log b_j - eps log sum_i exp((f_i - C_ij) / eps)`` until the row sums
-    of ``P = exp((f_i + g_j - C_ij) / eps)`` are within 1e-10 of ``a``; return
-    ``P``."""
+    ``g_j = eps log b_j - eps log sum_i exp((f_i - C_ij) / eps)`` until the row
+    sums of ``P = exp((f_i + g_j - C_ij) / eps)`` are within 1e-10 of ``a``;
+    return ``P``."""
     f = torch.zeros(C.shape[0], dtype=C.dtype)
     g = torch.zeros(C.shape[1], dtype=C.dtype)
     for _ in range(100_000):
@@ -203,10 +203,10 @@ SINKHORN = Exercise(
 # --- 3. causal attention from its definition ------------------------------------------------------
 
 def causal_attention(q, k, v):
-    """Causal softmax attention written out: ``q, k [B, H, T, D]``, ``v [B, H, T, Dv]``
-    (any float dtype). Scores ``q_i . k_j / sqrt(D)``; query ``i`` sees keys
-    ``j <= i``; each row normalised; output ``[B, H, T, Dv]``. Compute in float32 or
-    wider (float16 scores may reach 1e4)."""
+    """Causal softmax attention written out: ``q, k [B, H, T, D]``,
+    ``v [B, H, T, Dv]`` (any float dtype). Scores ``q_i . k_j / sqrt(D)``; query
+    ``i`` sees keys ``j <= i``; each row normalised; output ``[B, H, T, Dv]``.
+    Compute in float32 or wider (float16 scores may reach 1e4)."""
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
     s = (q.to(acc) @ k.to(acc).transpose(-1, -2)) / math.sqrt(q.shape[-1])
     T = s.shape[-1]
@@ -295,8 +295,8 @@ CAUSAL_ATTENTION = Exercise(
 
 def entropy_temperature_derivative(scores, eps):
     """``dH/d eps`` for each row of ``p = softmax(scores / eps)``,
-    ``H = -sum_j p_j log p_j``: ``scores [..., N]`` (finite), ``eps > 0``; return
-    ``[...]``. Use the closed form ``Var_p(s) / eps^3`` (no autograd)."""
+    ``H = -sum_j p_j log p_j``: ``scores [..., N]`` (finite), ``eps > 0``;
+    return ``[...]``. Use the closed form ``Var_p(s) / eps^3`` (no autograd)."""
     s = scores.to(torch.float64)
     p = torch.softmax(s / eps, dim=-1)
     mean = (p * s).sum(-1, keepdim=True)          # the row's mean score under p

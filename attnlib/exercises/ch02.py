@@ -18,11 +18,11 @@ f64 = torch.float64
 # --- 1. the needle ----------------------------------------------------------------------------------
 
 def needle_adversary(seen, d, M):
-    """Defeat an algorithm that computes only the scores ``seen [T, T]`` marks (bool;
-    True only for ``j <= i``, always on the diagonal) and returns the softmax over
-    them. Return ``(q, k, i)``: ``q, k [T, d]`` float64 and a row ``i`` on which
-    exact causal attention and the algorithm's are >= 1.9 apart in L1, every score
-    ``q_i . k_j / sqrt(d)`` of row ``i`` in ``[-M, M]``."""
+    """Defeat an algorithm that computes only the scores ``seen [T, T]`` marks
+    (bool; True only for ``j <= i``, always on the diagonal) and returns the
+    softmax over them. Return ``(q, k, i)``: ``q, k [T, d]`` float64 and a row
+    ``i`` on which exact causal attention and the algorithm's are >= 1.9 apart
+    in L1, every score ``q_i . k_j / sqrt(d)`` of row ``i`` in ``[-M, M]``."""
     T = seen.shape[0]
     causal = torch.ones(T, T, dtype=torch.bool).tril()
     # pairs (i, j <= i) whose score is never computed
@@ -30,9 +30,9 @@ def needle_adversary(seen, d, M):
     # the first row with such a pair, and its first unseen key
     i = int(unseen.any(dim=1).nonzero()[0])
     j = int(unseen[i].nonzero()[0])
-    # Everything else zero: every other score of row i is 0 and the needle's is exactly M, so
-    # the needle holds pi(M) > 1 / (1 + e^-4) of the exact row and none of the algorithm's:
-    # an error >= 2 pi(M) > 1.96.
+    # Everything else zero: every other score of row i is 0 and the needle's is
+    # exactly M, so the needle holds pi(M) > 1 / (1 + e^-4) of the exact row and
+    # none of the algorithm's: an error >= 2 pi(M) > 1.96.
     # scores are divided by sqrt(d): a * a / sqrt(d) = M
     a = math.sqrt(M * math.sqrt(d))
     q = torch.zeros(T, d, dtype=torch.float64)
@@ -188,23 +188,28 @@ def sparse_attention(q, k, v, block_mask, block_size, causal):
     ``v [B, H, T, Dv]``, ``block_mask [H, nb, nb]`` bool
     (``nb = ceil(T / block_size)``; query block I visits key block J), scale
     ``1 / sqrt(D)``; ``causal`` also keeps ``j <= i``. Return
-    ``(o [B, H, T, Dv], lse [B, H, T])``; a row that visits no key gets ``o = 0``,
-    ``lse = -inf``. Compute in float32 or wider."""
+    ``(o [B, H, T, Dv], lse [B, H, T])``; a row that visits no key gets
+    ``o = 0``, ``lse = -inf``. Compute in float32 or wider."""
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
     T = q.shape[-2]
-    # Each block entry covers block_size x block_size positions; the tail block is cut at T.
-    keep = block_mask.repeat_interleave(block_size, dim=-2).repeat_interleave(block_size, dim=-1)
+    # Each block entry covers block_size x block_size positions; the tail
+    # block is cut at T.
+    keep = (block_mask.repeat_interleave(block_size, dim=-2)
+            .repeat_interleave(block_size, dim=-1))
     keep = keep[:, :T, :T]
     if causal:
         keep = keep & torch.ones(T, T, dtype=torch.bool).tril()
     s = (q.to(acc) @ k.to(acc).transpose(-1, -2)) / math.sqrt(q.shape[-1])
     # a selection: NaN outside S_i is dropped too
     s = s.masked_fill(~keep, float("-inf"))
-    lse = torch.logsumexp(s, dim=-1)                      # -inf for a row with no visited key
+    # -inf for a row with no visited key
+    lse = torch.logsumexp(s, dim=-1)
     # empty rows: all 0
     p = torch.exp(s - torch.where(torch.isinf(lse), 0.0, lse).unsqueeze(-1))
-    # Select rather than multiply by 0: 0 * inf is NaN, and an unvisited v may hold anything.
-    pv = torch.where(keep[..., None], p[..., None] * v.to(acc)[..., None, :, :], 0.0)
+    # Select rather than multiply by 0: 0 * inf is NaN, and an unvisited v
+    # may hold anything.
+    pv = torch.where(keep[..., None],
+                     p[..., None] * v.to(acc)[..., None, :, :], 0.0)
     return pv.sum(dim=-2), lse
 
 
@@ -248,14 +253,17 @@ def _sparse_tiled(q, k, v, block_mask, block_size, causal):
 
 def _sparse_times_zero(q, k, v, block_mask, block_size, causal):
     T = q.shape[-2]
-    keep = block_mask.repeat_interleave(block_size, -2).repeat_interleave(block_size, -1)[:, :T, :T]
+    keep = (block_mask.repeat_interleave(block_size, -2)
+            .repeat_interleave(block_size, -1)[:, :T, :T])
     if causal:
         keep = keep & torch.ones(T, T, dtype=torch.bool).tril()
-    s = (q.to(torch.float32) @ k.to(torch.float32).transpose(-1, -2)) / math.sqrt(q.shape[-1])
+    s = ((q.to(torch.float32) @ k.to(torch.float32).transpose(-1, -2))
+         / math.sqrt(q.shape[-1]))
     s = s.masked_fill(~keep, float("-inf"))
     lse = torch.logsumexp(s, -1)
     p = torch.exp(s - torch.where(torch.isinf(lse), 0.0, lse).unsqueeze(-1))
-    return p @ v.to(torch.float32), lse                   # p = 0 outside S_i, but 0 * inf = NaN
+    # p = 0 outside S_i, but 0 * inf = NaN
+    return p @ v.to(torch.float32), lse
 
 
 def _sparse_cases(gen):
@@ -345,25 +353,30 @@ SPARSE = Exercise(
 # --- 3. the indexer's blind spot --------------------------------------------------------------------
 
 def blind_pair(P, gamma):
-    """A needle an indexer cannot see: ``P [H, D, r]`` float64, one projection per
-    indexer head (index score ``sum_h relu((u P_h) . (w P_h))``), ``0 < gamma < 1``.
-    Return unit ``(u, w)``, each ``[D]``, with ``u . w >= gamma`` and each head's
-    ``(u P_h) . (w P_h) < 0`` (not just 0)."""
+    """A needle an indexer cannot see: ``P [H, D, r]`` float64, one projection
+    per indexer head (index score ``sum_h relu((u P_h) . (w P_h))``),
+    ``0 < gamma < 1``. Return unit ``(u, w)``, each ``[D]``, with
+    ``u . w >= gamma`` and each head's ``(u P_h) . (w P_h) < 0`` (not just 0).
+    """
     H, D, r = P.shape
-    cols = P.permute(1, 0, 2).reshape(D, H * r)          # every head's columns, side by side
+    # every head's columns, side by side
+    cols = P.permute(1, 0, 2).reshape(D, H * r)
     U, S, _ = torch.linalg.svd(cols, full_matrices=True)
-    rank = int((S > S.max() * 1e-10).sum()) if S.numel() else 0   # the span's dimension, not H * r
+    # the span's dimension, not H * r
+    rank = int((S > S.max() * 1e-10).sum()) if S.numel() else 0
     if rank >= D:
         raise ValueError("the heads' columns span R^D: no blind spot")
     # orthogonal to every column: no head sees it
     n = U[:, rank]
-    # A generic vector of the span: every head with a non-zero projection sees it.
+    # A generic vector of the span: every head with a non-zero projection
+    # sees it.
     g = torch.Generator().manual_seed(0)
     t = U[:, :rank] @ torch.randn(rank, generator=g, dtype=P.dtype)
     t = t / t.norm()
     # u = n + a t, w = n - a t: u . w = (1 - a^2) / (1 + a^2)
     # and (u P_h) . (w P_h) = -a^2 |t P_h|^2.
-    a = math.sqrt((1 - gamma) / (1 + gamma)) / 2          # half the largest a: u . w above gamma
+    # half the largest a: u . w above gamma
+    a = math.sqrt((1 - gamma) / (1 + gamma)) / 2
     u, w = n + a * t, n - a * t
     return u / u.norm(), w / w.norm()
 
@@ -486,20 +499,23 @@ BLIND_PAIR = Exercise(
 # --- 4. random key sampling -------------------------------------------------------------------------
 
 def sampling_error(T, s, M):
-    """A row of ``T`` keys: the needle's score is ``M``, the other ``T - 1`` scores are
-    0. An algorithm samples ``s`` of the ``T`` keys (``1 <= s < T``, uniformly,
-    without replacement) and returns the softmax over its sample. Return the L1
-    errors ``(hit, miss, expected)`` (floats): the needle sampled, not sampled, and
-    the mean over the coins. ``M`` may be 800 or -30."""
-    # 1 - pi(M) = (T - 1) / (e^M + T - 1): the logistic of log(T - 1) - M, written so that exp never
-    # overflows (M = 800 or M = -800).
+    """A row of ``T`` keys: the needle's score is ``M``, the other ``T - 1``
+    scores are 0. An algorithm samples ``s`` of the ``T`` keys (``1 <= s < T``,
+    uniformly, without replacement) and returns the softmax over its sample.
+    Return the L1 errors ``(hit, miss, expected)`` (floats): the needle sampled,
+    not sampled, and the mean over the coins. ``M`` may be 800 or -30."""
+    # 1 - pi(M) = (T - 1) / (e^M + T - 1): the logistic of log(T - 1) - M,
+    # written so that exp never overflows (M = 800 or M = -800).
     x = math.log(T - 1) - M
-    rest = 1 / (1 + math.exp(-x)) if x >= 0 else math.exp(x) / (1 + math.exp(x))   # 1 - pi
-    c = rest / (T - 1)                                   # exact weight of each zero-score key
-    # Needle sampled: the algorithm puts more weight than the exact row on every key it sampled and
-    # none on the T - s it missed, so the L1 distance is twice the exact mass on the missed keys.
+    # rest = 1 - pi(M)
+    rest = 1 / (1 + math.exp(-x)) if x >= 0 else math.exp(x) / (1 + math.exp(x))
+    c = rest / (T - 1)                   # exact weight of each zero-score key
+    # Needle sampled: the algorithm puts more weight than the exact row on every
+    # key it sampled and none on the T - s it missed, so the L1 distance is
+    # twice the exact mass on the missed keys.
     hit = 2 * (T - s) * c
-    # Needle missed: the exact mass on the needle and on the T - 1 - s unsampled zero keys.
+    # Needle missed: the exact mass on the needle and on the T - 1 - s
+    # unsampled zero keys.
     miss = 2 * (1 - rest) + 2 * (T - 1 - s) * c
     # P(needle in a sample of s out of T) = s / T
     expected = s / T * hit + (1 - s / T) * miss

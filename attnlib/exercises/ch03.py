@@ -24,17 +24,19 @@ def _reference(q, k, v, S0, mode="parallel"):
 # --- 1. the recurrent form --------------------------------------------------------------------------
 
 def recurrent_linear_attention(q, k, v, initial_state):
-    """Causal linear attention as an RNN: ``q, k [B, H, T, D]`` (features applied, no
-    scale), ``v [B, H, T, Dv]``, ``initial_state`` ``S_0 [B, H, Dv, D]`` or None
-    (zeros). With ``S_t = S_{t-1} + v_t k_t^T`` and ``o_t = S_t q_t``, return
-    ``(o [B, H, T, Dv], S_T [B, H, Dv, D])``."""
+    """Causal linear attention as an RNN: ``q, k [B, H, T, D]`` (features
+    applied, no scale), ``v [B, H, T, Dv]``, ``initial_state``
+    ``S_0 [B, H, Dv, D]`` or None (zeros). With ``S_t = S_{t-1} + v_t k_t^T``
+    and ``o_t = S_t q_t``, return ``(o [B, H, T, Dv], S_T [B, H, Dv, D])``."""
     B, H, T, D = q.shape
-    S = q.new_zeros(B, H, v.shape[-1], D) if initial_state is None else initial_state
+    S = (q.new_zeros(B, H, v.shape[-1], D) if initial_state is None
+         else initial_state)
     outs = []
     for t in range(T):
         # write v_t k_t^T first: query t sees key t
         S = S + v[:, :, t, :, None] * k[:, :, t, None, :]
-        outs.append((S @ q[:, :, t, :, None])[..., 0])        # read: S_t q_t, [B, H, Dv]
+        # read: S_t q_t, [B, H, Dv]
+        outs.append((S @ q[:, :, t, :, None])[..., 0])
     return torch.stack(outs, dim=2), S
 
 
@@ -54,10 +56,12 @@ def _recurrent_no_initial(q, k, v, initial_state):
 
 def _recurrent_read_first(q, k, v, initial_state):
     B, H, T, D = q.shape
-    S = q.new_zeros(B, H, v.shape[-1], D) if initial_state is None else initial_state
+    S = (q.new_zeros(B, H, v.shape[-1], D) if initial_state is None
+         else initial_state)
     outs = []
     for t in range(T):
-        outs.append((S @ q[:, :, t, :, None])[..., 0])        # reads S_{t-1}: misses key t
+        # reads S_{t-1}: misses key t
+        outs.append((S @ q[:, :, t, :, None])[..., 0])
         S = S + v[:, :, t, :, None] * k[:, :, t, None, :]
     return torch.stack(outs, dim=2), S
 
@@ -126,15 +130,18 @@ def chunkwise_linear_attention(q, k, v, initial_state, chunk_size):
     (``*`` entrywise, ``M`` causal), then ``S += V_c^T K_c``. Return
     ``(o, S_T)``."""
     B, H, T, D = q.shape
-    S = q.new_zeros(B, H, v.shape[-1], D) if initial_state is None else initial_state
+    S = (q.new_zeros(B, H, v.shape[-1], D) if initial_state is None
+         else initial_state)
     outs = []
-    for s in range(0, T, chunk_size):                         # the last chunk may be shorter
-        qc, kc, vc = q[:, :, s:s + chunk_size], k[:, :, s:s + chunk_size], v[:, :, s:s + chunk_size]
+    for s in range(0, T, chunk_size):          # the last chunk may be shorter
+        qc, kc, vc = (q[:, :, s:s + chunk_size], k[:, :, s:s + chunk_size],
+                      v[:, :, s:s + chunk_size])
         # inside the chunk: keys j <= t, diagonal kept
         intra = (qc @ kc.transpose(-1, -2)).tril() @ vc
         # earlier chunks: the state before this one
         outs.append(intra + qc @ S.transpose(-1, -2))
-        S = S + vc.transpose(-1, -2) @ kc                      # then write the chunk into the state
+        # then write the chunk into the state
+        S = S + vc.transpose(-1, -2) @ kc
     return torch.cat(outs, dim=2), S
 
 
@@ -219,28 +226,31 @@ CHUNK = Exercise(
 
 def gated_linear_attention(q, k, v, log_alpha, initial_state, chunk_size):
     """``S_t = alpha_t S_{t-1} + v_t k_t^T``, ``o_t = S_t q_t``, chunk by chunk:
-    ``q, k [B, H, T, D]``, ``v [B, H, T, Dv]``, ``log_alpha [B, H, T]`` (<= 0, may
-    be -800), ``S_0 [B, H, Dv, D]`` or None, ``chunk_size`` >= 1 (need not divide
-    T). Return ``(o [B, H, T, Dv], S_T [B, H, Dv, D])``."""
+    ``q, k [B, H, T, D]``, ``v [B, H, T, Dv]``, ``log_alpha [B, H, T]`` (<= 0,
+    may be -800), ``S_0 [B, H, Dv, D]`` or None, ``chunk_size`` >= 1 (need not
+    divide T). Return ``(o [B, H, T, Dv], S_T [B, H, Dv, D])``."""
     B, H, T, D = q.shape
-    S = q.new_zeros(B, H, v.shape[-1], D) if initial_state is None else initial_state
+    S = (q.new_zeros(B, H, v.shape[-1], D) if initial_state is None
+         else initial_state)
     outs = []
     for s in range(0, T, chunk_size):
-        qc, kc, vc = q[:, :, s:s + chunk_size], k[:, :, s:s + chunk_size], v[:, :, s:s + chunk_size]
+        qc, kc, vc = (q[:, :, s:s + chunk_size], k[:, :, s:s + chunk_size],
+                      v[:, :, s:s + chunk_size])
         # log gamma_t = sum of log alpha_r, r <= t
         b = log_alpha[:, :, s:s + chunk_size].cumsum(dim=-1)
         L = b.shape[-1]
-        # Gamma_tj = gamma_t / gamma_j = exp(b_t - b_j) for j <= t. Mask the exponent before exp:
-        # above the diagonal b_t - b_j can be +800, and exp(+800) * 0 is NaN. Never divide
-        # products: 0 / 0.
+        # Gamma_tj = gamma_t / gamma_j = exp(b_t - b_j) for j <= t. Mask the
+        # exponent before exp: above the diagonal b_t - b_j can be +800, and
+        # exp(+800) * 0 is NaN. Never divide products: 0 / 0.
         keep = torch.ones(L, L, dtype=torch.bool).tril()
-        gamma = torch.exp((b[..., :, None] - b[..., None, :]).masked_fill(~keep, float("-inf")))
+        gamma = torch.exp((b[..., :, None] - b[..., None, :])
+                          .masked_fill(~keep, float("-inf")))
         intra = ((qc @ kc.transpose(-1, -2)) * gamma) @ vc
         # the entering state decays by gamma_t
         inter = torch.exp(b)[..., None] * (qc @ S.transpose(-1, -2))
         outs.append(intra + inter)
         # S_c = gamma_L S_{c-1} + sum_j (gamma_L / gamma_j) v_j k_j^T
-        to_end = torch.exp(b[..., -1:] - b)                           # gamma_L / gamma_j, each <= 1
+        to_end = torch.exp(b[..., -1:] - b)      # gamma_L / gamma_j, each <= 1
         written = (vc * to_end[..., None]).transpose(-1, -2) @ kc
         S = torch.exp(b[..., -1])[..., None, None] * S + written
     return torch.cat(outs, dim=2), S
@@ -391,18 +401,22 @@ GATED = Exercise(
 
 def linear_decode_step(q, k, v, initial_state, scale):
     """One token of normalised linear attention, ``phi(x) = elu(x) + 1``:
-    ``q, k [B, H, 1, D]``, ``v [B, H, 1, Dv]``, ``initial_state [B, H, Dv + 1, D]``
-    (rows ``S``; last row ``kappa = sum phi(k)``) or None. Add ``v phi(k)^T`` and
-    ``phi(k)``, then ``o = S phi(scale q) / (kappa . phi(scale q) + 1e-6)``. Return
+    ``q, k [B, H, 1, D]``, ``v [B, H, 1, Dv]``,
+    ``initial_state [B, H, Dv + 1, D]`` (rows ``S``; last row
+    ``kappa = sum phi(k)``) or None. Add ``v phi(k)^T`` and ``phi(k)``, then
+    ``o = S phi(scale q) / (kappa . phi(scale q) + 1e-6)``. Return
     ``(o [B, H, 1, Dv], new state [B, H, Dv + 1, D])``."""
-    phi_q = torch.nn.functional.elu(scale * q) + 1            # scale multiplies q before the map
+    # scale multiplies q before the map
+    phi_q = torch.nn.functional.elu(scale * q) + 1
     phi_k = torch.nn.functional.elu(k) + 1
-    # A ones column appended to v writes kappa (the normaliser) as one more row of the state.
-    v1 = torch.cat([v, torch.ones_like(v[..., :1])], dim=-1)  # [B, H, 1, Dv + 1]
+    # A ones column appended to v writes kappa (the normaliser) as one more row
+    # of the state: [B, H, 1, Dv + 1].
+    v1 = torch.cat([v, torch.ones_like(v[..., :1])], dim=-1)
     if initial_state is None:
-        initial_state = q.new_zeros(q.shape[0], q.shape[1], v1.shape[-1], q.shape[-1])
-    S = initial_state + v1.transpose(-1, -2) @ phi_k                  # + [v; 1] phi(k)^T
-    o = phi_q @ S.transpose(-1, -2)                           # [S phi(q); kappa . phi(q)]
+        initial_state = q.new_zeros(q.shape[0], q.shape[1], v1.shape[-1],
+                                    q.shape[-1])
+    S = initial_state + v1.transpose(-1, -2) @ phi_k     # + [v; 1] phi(k)^T
+    o = phi_q @ S.transpose(-1, -2)                # [S phi(q); kappa . phi(q)]
     # 1e-6 keeps a vanishing normaliser finite
     return o[..., :-1] / (o[..., -1:] + 1e-6), S
 

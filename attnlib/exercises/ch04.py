@@ -26,9 +26,9 @@ def _unit(x):
 # --- 1. the (gated) delta rule, token by token ----------------------------------------------------
 
 def delta_rule_recurrent(q, k, v, beta, g, initial_state):
-    """Gated DeltaNet by its definition: ``q, k [B, H, T, D]``, ``v [B, H, T, Dv]``,
-    ``beta, g [B, H, T]`` (``g`` the log-decay, 0 = no gate), ``initial_state``
-    ``S_0 [B, H, Dv, D]``. Per token:
+    """Gated DeltaNet by its definition: ``q, k [B, H, T, D]``,
+    ``v [B, H, T, Dv]``, ``beta, g [B, H, T]`` (``g`` the log-decay, 0 = no
+    gate), ``initial_state`` ``S_0 [B, H, Dv, D]``. Per token:
     ``S_t = exp(g_t) S_{t-1} (I - beta_t k_t k_t^T) + beta_t v_t k_t^T``,
     ``o_t = S_t q_t``. Return ``(o [B, H, T, Dv], S_T [B, H, Dv, D])``; leave
     ``initial_state`` unchanged."""
@@ -36,12 +36,13 @@ def delta_rule_recurrent(q, k, v, beta, g, initial_state):
     outs = []
     for t in range(q.shape[-2]):
         k_t, v_t, q_t = k[..., t, :], v[..., t, :], q[..., t, :]
-        S = torch.exp(g[..., t])[..., None, None] * S              # forget first: alpha_t S_{t-1}
+        # forget first: alpha_t S_{t-1}
+        S = torch.exp(g[..., t])[..., None, None] * S
         # target minus what k_t retrieves now
         err = v_t - (S @ k_t[..., None])[..., 0]
         # one SGD step: + beta err k^T
         S = S + (beta[..., t, None] * err)[..., :, None] * k_t[..., None, :]
-        outs.append((S @ q_t[..., None])[..., 0])                    # read after the write
+        outs.append((S @ q_t[..., None])[..., 0])      # read after the write
     return torch.stack(outs, dim=-2), S
 
 
@@ -86,7 +87,8 @@ def _delta_outer_transposed(q, k, v, beta, g, S0):
         k_t, v_t = k[..., t, :], v[..., t, :]
         S = torch.exp(g[..., t])[..., None, None] * S
         err = v_t - (S @ k_t[..., None])[..., 0]
-        S = S + k_t[..., :, None] * (beta[..., t, None] * err)[..., None, :]     # k err^T: [D, Dv]
+        # k err^T: [D, Dv]
+        S = S + k_t[..., :, None] * (beta[..., t, None] * err)[..., None, :]
         outs.append((S @ q[..., t, :, None])[..., 0])
     return torch.stack(outs, dim=-2), S
 
@@ -167,23 +169,25 @@ DELTA_RULE = Exercise(
 # --- 2. the UT transform of a chunk ---------------------------------------------------------------
 
 def ut_transform(k, beta, g):
-    """One chunk's UT transform: ``k [..., C, D]``, ``beta, g [..., C]`` (``g <= 0``,
-    log-decays). With ``G = cumsum(g)`` and ``Gamma_tj = exp(G_t - G_j)`` for
-    ``j <= t``, return ``[..., C, C]``:
+    """One chunk's UT transform: ``k [..., C, D]``, ``beta, g [..., C]``
+    (``g <= 0``, log-decays). With ``G = cumsum(g)`` and
+    ``Gamma_tj = exp(G_t - G_j)`` for ``j <= t``, return ``[..., C, C]``:
     ``T = (I + tril(diag(beta) (K K^T . Gamma), -1))^{-1} diag(beta)``, by a
     triangular solve."""
     C = k.shape[-2]
     G = g.cumsum(-1)
     above = torch.ones(C, C, dtype=torch.bool).triu(1)
-    # gamma_t / gamma_j from a difference of logs: a ratio of two exp(G) would be 0 / 0 for a
-    # strong gate
-    Gamma = torch.exp((G[..., :, None] - G[..., None, :]).masked_fill(above, float("-inf")))
+    # gamma_t / gamma_j from a difference of logs: a ratio of two exp(G) would
+    # be 0 / 0 for a strong gate
+    Gamma = torch.exp((G[..., :, None] - G[..., None, :])
+                      .masked_fill(above, float("-inf")))
     # row t times beta_t
-    A = torch.tril(beta[..., :, None] * (k @ k.transpose(-1, -2)) * Gamma, diagonal=-1)
+    A = torch.tril(beta[..., :, None] * (k @ k.transpose(-1, -2)) * Gamma,
+                   diagonal=-1)
     eye = torch.eye(C, dtype=k.dtype)
     # I + A is unit lower-triangular: forward substitution, no general inverse
-    return torch.linalg.solve_triangular(eye + A, torch.diag_embed(beta), upper=False,
-                                         unitriangular=True)
+    return torch.linalg.solve_triangular(eye + A, torch.diag_embed(beta),
+                                         upper=False, unitriangular=True)
 
 
 def _ut_variant(k, beta, g, *, diagonal=-1, beta_side="rows", ratio=False, right=True):
@@ -282,11 +286,11 @@ UT_TRANSFORM = Exercise(
 # --- 3. the chunkwise algorithm -------------------------------------------------------------------
 
 def delta_rule_chunkwise(q, k, v, beta, g, initial_state, chunk_size):
-    """Gated DeltaNet by chunks of ``L = chunk_size`` tokens (the last may be shorter),
-    with ``q, k [B, H, T, D]``, ``v [B, H, T, Dv]``, ``beta, g [B, H, T]``,
-    ``initial_state`` ``S_0 [B, H, Dv, D]``: per chunk one UT transform and matrix
-    products (no loop over tokens), the state carried across. Return
-    ``(o [B, H, T, Dv], S_T [B, H, Dv, D])``."""
+    """Gated DeltaNet by chunks of ``L = chunk_size`` tokens (the last may be
+    shorter), with ``q, k [B, H, T, D]``, ``v [B, H, T, Dv]``,
+    ``beta, g [B, H, T]``, ``initial_state`` ``S_0 [B, H, Dv, D]``: per chunk
+    one UT transform and matrix products (no loop over tokens), the state
+    carried across. Return ``(o [B, H, T, Dv], S_T [B, H, Dv, D])``."""
     S = initial_state.clone()
     outs = []
     for s in range(0, q.shape[-2], chunk_size):
@@ -297,16 +301,21 @@ def delta_rule_chunkwise(q, k, v, beta, g, initial_state, chunk_size):
         L = K.shape[-2]
         above = torch.ones(L, L, dtype=torch.bool).triu(1)
         # Gamma * M: gamma_t / gamma_j on and below the diagonal, 0 above it
-        Gamma = torch.exp((G[..., :, None] - G[..., None, :]).masked_fill(above, float("-inf")))
-        A = torch.tril(b[..., :, None] * (K @ K.transpose(-1, -2)) * Gamma, diagonal=-1)
-        Tm = torch.linalg.solve_triangular(torch.eye(L, dtype=q.dtype) + A, torch.diag_embed(b),
+        Gamma = torch.exp((G[..., :, None] - G[..., None, :])
+                          .masked_fill(above, float("-inf")))
+        A = torch.tril(b[..., :, None] * (K @ K.transpose(-1, -2)) * Gamma,
+                       diagonal=-1)
+        Tm = torch.linalg.solve_triangular(torch.eye(L, dtype=q.dtype) + A,
+                                           torch.diag_embed(b),
                                            upper=False, unitriangular=True)
         gamma = torch.exp(G)[..., None]
-        St = S.transpose(-1, -2)                                       # S0^T: [D, Dv]
-        U = Tm @ (V - gamma * (K @ St))          # the pseudo-values U' = T (V - diag(gamma) K S0^T)
+        St = S.transpose(-1, -2)                           # S0^T: [D, Dv]
+        # the pseudo-values U' = T (V - diag(gamma) K S0^T)
+        U = Tm @ (V - gamma * (K @ St))
         outs.append(gamma * (Q @ St) + ((Q @ K.transpose(-1, -2)) * Gamma) @ U)
-        to_end = torch.exp(G[..., -1:] - G)[..., None]                 # gamma_L / gamma_j
-        S = torch.exp(G[..., -1])[..., None, None] * S + U.transpose(-1, -2) @ (to_end * K)
+        to_end = torch.exp(G[..., -1:] - G)[..., None]     # gamma_L / gamma_j
+        S = (torch.exp(G[..., -1])[..., None, None] * S
+             + U.transpose(-1, -2) @ (to_end * K))
     return torch.cat(outs, dim=-2), S
 
 
@@ -420,15 +429,18 @@ def transition_product(k, beta):
     """What a chunk does to the state it receives: ``k [..., L, D]``,
     ``beta [..., L]``. Return ``(P [..., D, D], det [...])``:
     ``P = A_1 A_2 ... A_L`` with ``A_t = I - beta_t k_t k_t^T``, in WY form
-    ``P = I - K^T T^T K`` (``T`` the chunk's UT transform, no gate), and ``det P``
-    in closed form (no torch.linalg.det)."""
+    ``P = I - K^T T^T K`` (``T`` the chunk's UT transform, no gate), and
+    ``det P`` in closed form (no torch.linalg.det)."""
     L, D = k.shape[-2:]
-    A = torch.tril(beta[..., :, None] * (k @ k.transpose(-1, -2)), diagonal=-1)
+    A = torch.tril(beta[..., :, None] * (k @ k.transpose(-1, -2)),
+                   diagonal=-1)
     eye = torch.eye(L, dtype=k.dtype)
-    T = torch.linalg.solve_triangular(eye + A, torch.diag_embed(beta), upper=False,
-                                      unitriangular=True)
-    # S0 A_1 ... A_L = S0 + U'^T K with U' = -T K S0^T, i.e. S0 (I - K^T T^T K)
-    P = torch.eye(D, dtype=k.dtype) - k.transpose(-1, -2) @ T.transpose(-1, -2) @ k
+    T = torch.linalg.solve_triangular(eye + A, torch.diag_embed(beta),
+                                      upper=False, unitriangular=True)
+    # S0 A_1 ... A_L = S0 + U'^T K with U' = -T K S0^T,
+    # i.e. S0 (I - K^T T^T K)
+    P = (torch.eye(D, dtype=k.dtype)
+         - k.transpose(-1, -2) @ T.transpose(-1, -2) @ k)
     # A_t has eigenvalue 1 - beta_t ||k_t||^2 along k_t and 1 on the rest;
     # det of a product = product of dets
     det = torch.prod(1 - beta * (k * k).sum(-1), dim=-1)

@@ -35,12 +35,13 @@ def _angle(x, y):
 
 def simhash_codes(x, proj):
     """SimHash keys of ``x [T, D]`` (float) under ``proj [l, D, z]`` (float64;
-    ``proj[t, :, b]`` is the normal ``a_{t,b}``). Bit ``b`` of table ``t``'s key is
-    ``[x . a_{t,b} > 0]``, worth ``2^b``. Return int64 ``[l, T]``, integers in
-    ``[0, 2^z)``."""
+    ``proj[t, :, b]`` is the normal ``a_{t,b}``). Bit ``b`` of table ``t``'s key
+    is ``[x . a_{t,b} > 0]``, worth ``2^b``. Return int64 ``[l, T]``, integers
+    in ``[0, 2^z)``."""
     proj = proj.to(x.dtype)
-    dots = torch.einsum("td,ldz->ltz", x, proj)              # [l, T, z]: one projection per bit
-    bits = (dots > 0).long()                                  # a dot product of exactly 0 is bit 0
+    # [l, T, z]: one projection per bit
+    dots = torch.einsum("td,ldz->ltz", x, proj)
+    bits = (dots > 0).long()         # a dot product of exactly 0 is bit 0
     # bit b is worth 2^b (least significant first)
     place = 2 ** torch.arange(proj.shape[-1])
     return (bits * place).sum(-1)
@@ -132,17 +133,19 @@ SIMHASH_CODES = Exercise(
 # --- 2. amplified collision probability -----------------------------------------------------------
 
 def collision_probability(x, y, n_bits, n_tables):
-    """Probability that rows ``x[n]``, ``y[n]`` (``[N, D]``, non-zero, float) share a
-    bucket in at least one of ``n_tables`` SimHash tables of ``n_bits`` bits each.
-    Return float64 ``[N]``; parallel (probability 1) and antiparallel (0) rows
-    included."""
+    """Probability that rows ``x[n]``, ``y[n]`` (``[N, D]``, non-zero, float)
+    share a bucket in at least one of ``n_tables`` SimHash tables of ``n_bits``
+    bits each. Return float64 ``[N]``; parallel (probability 1) and antiparallel
+    (0) rows included."""
     x, y = x.to(torch.float64), y.to(torch.float64)
     # normalise: the angle, not the dot
     cos = (x * y).sum(-1) / (x.norm(dim=-1) * y.norm(dim=-1))
-    theta = torch.arccos(cos.clamp(-1.0, 1.0))                    # rounding can push |cos| past 1
+    # rounding can push |cos| past 1
+    theta = torch.arccos(cos.clamp(-1.0, 1.0))
     # one bit: a random hyperplane separates
     p = 1.0 - theta / math.pi
-    return 1.0 - (1.0 - p ** n_bits) ** n_tables                  # z bits AND-ed, l tables OR-ed
+    # z bits AND-ed, l tables OR-ed
+    return 1.0 - (1.0 - p ** n_bits) ** n_tables
 
 
 def _prob_unnormalised(x, y, n_bits, n_tables):
@@ -225,16 +228,18 @@ COLLISION_PROBABILITY = Exercise(
 # --- 3. ANNA's weights from collision counts ------------------------------------------------------
 
 def anna_weights(q_codes, k_codes, causal):
-    """ANNA's weights from table keys ``q_codes [l, Tq]``, ``k_codes [l, Tk]`` (int64).
-    ``n_ij`` = number of tables t with ``q_codes[t, i] == k_codes[t, j]`` (causal:
-    ``j <= i`` only); ``P_ij = n_ij / sum_j' n_ij'``; a query that collides with
-    nothing gets a zero row. Return float64 ``[Tq, Tk]``."""
-    m = (q_codes[:, :, None] == k_codes[:, None, :]).sum(0).to(torch.float64)   # count every table
+    """ANNA's weights from table keys ``q_codes [l, Tq]``, ``k_codes [l, Tk]``
+    (int64). ``n_ij`` = number of tables t with
+    ``q_codes[t, i] == k_codes[t, j]`` (causal: ``j <= i`` only);
+    ``P_ij = n_ij / sum_j' n_ij'``; a query that collides with nothing gets a
+    zero row. Return float64 ``[Tq, Tk]``."""
+    # count every table
+    m = (q_codes[:, :, None] == k_codes[:, None, :]).sum(0).to(torch.float64)
     if causal:
         # query i sees keys j <= i, itself included
         m = m.tril()
     total = m.sum(-1, keepdim=True)
-    return m / total.clamp_min(1.0)                       # an empty row stays 0, not 0 / 0
+    return m / total.clamp_min(1.0)       # an empty row stays 0, not 0 / 0
 
 
 def _weights_set(q_codes, k_codes, causal):
@@ -321,21 +326,22 @@ ANNA_WEIGHTS = Exercise(
 # --- 4. the many-table limit: bits are an inverse temperature --------------------------------------
 
 def anna_limit_weights(q, k, n_bits):
-    """ANNA's weights as the number of tables grows: ``q [Tq, D]``, ``k [Tk, D]``
-    (non-zero, float), ``n_bits = z``. ``P_ij`` is proportional to ``p_ij^z``,
-    ``p_ij = 1 - theta_ij / pi``; a query no key can collide with (every
-    ``p_ij = 0``) gets a zero row. Return float64 ``[Tq, Tk]``."""
+    """ANNA's weights as the number of tables grows: ``q [Tq, D]``,
+    ``k [Tk, D]`` (non-zero, float), ``n_bits = z``. ``P_ij`` is proportional to
+    ``p_ij^z``, ``p_ij = 1 - theta_ij / pi``; a query no key can collide with
+    (every ``p_ij = 0``) gets a zero row. Return float64 ``[Tq, Tk]``."""
     q = q.to(torch.float64)
     k = k.to(torch.float64)
     q = q / q.norm(dim=-1, keepdim=True)
     k = k / k.norm(dim=-1, keepdim=True)
     theta = torch.arccos((q @ k.T).clamp(-1.0, 1.0))
     p = (1.0 - theta / math.pi).clamp_min(0.0)
-    # softmax of z log p: z is the inverse temperature; p^z itself underflows for large z
+    # softmax of z log p: z is the inverse temperature; p^z itself underflows
+    # for large z
     # -inf where p = 0 (an antiparallel key)
     logits = n_bits * torch.log(p)
     top = logits.amax(-1, keepdim=True)
-    empty = top == float("-inf")                             # no key can collide with this query
+    empty = top == float("-inf")      # no key can collide with this query
     e = torch.exp(logits - torch.where(empty, 0.0, top))
     return e / torch.where(empty, 1.0, e.sum(-1, keepdim=True))
 

@@ -22,15 +22,17 @@ def _negated(got, expected, case) -> bool:
 # --- 1. Plücker coordinates -----------------------------------------------------------------------
 
 def plucker_coordinates(u, w):
-    """Plücker coordinates of span(u, w): ``u, w [..., r]`` (same shape and dtype,
-    ``r >= 2``). ``p_ij = u_i w_j - u_j w_i`` for ``i < j``, columns in
+    """Plücker coordinates of span(u, w): ``u, w [..., r]`` (same shape and
+    dtype, ``r >= 2``). ``p_ij = u_i w_j - u_j w_i`` for ``i < j``, columns in
     lexicographic order (0,1), (0,2), ..., (r-2, r-1). Return
     ``[..., r (r - 1) / 2]`` in u's dtype (compute 16-bit inputs in float32)."""
     r = u.shape[-1]
     # row-major above the diagonal: lexicographic (i, j)
     i, j = torch.triu_indices(r, r, offset=1)
-    acc = torch.float32 if u.dtype in (torch.float16, torch.bfloat16) else u.dtype
-    uf, wf = u.to(acc), w.to(acc)                   # float16 products overflow at |u_i w_j| > 65504
+    acc = (torch.float32 if u.dtype in (torch.float16, torch.bfloat16)
+           else u.dtype)
+    # float16 products overflow at |u_i w_j| > 65504
+    uf, wf = u.to(acc), w.to(acc)
     return (uf[..., i] * wf[..., j] - uf[..., j] * wf[..., i]).to(u.dtype)
 
 
@@ -120,10 +122,11 @@ PLUCKER = Exercise(
 def plucker_residuals(p, r):
     """Plücker residuals ``p_ij p_kl - p_ik p_jl + p_il p_jk``, one per
     ``i < j < k < l`` (quadruples in lexicographic order):
-    ``p [..., r (r - 1) / 2]``, columns in lexicographic (i, j) order, ``r >= 2``.
-    Return ``[..., C(r, 4)]`` (an empty last dim for r < 4)."""
+    ``p [..., r (r - 1) / 2]``, columns in lexicographic (i, j) order,
+    ``r >= 2``. Return ``[..., C(r, 4)]`` (an empty last dim for r < 4)."""
     col = {}
-    for i in range(r):                      # the column of p_ij, i < j, in lexicographic order
+    # the column of p_ij, i < j, in lexicographic order
+    for i in range(r):
         for j in range(i + 1, r):
             col[i, j] = len(col)
     out = []
@@ -134,7 +137,7 @@ def plucker_residuals(p, r):
                     out.append(p[..., col[i, j]] * p[..., col[k, l]]
                                - p[..., col[i, k]] * p[..., col[j, l]]
                                + p[..., col[i, l]] * p[..., col[j, k]])
-    if not out:                             # r < 4: no relation, every 2-vector is a plane
+    if not out:        # r < 4: no relation, every 2-vector is a plane
         return p.new_zeros(*p.shape[:-1], 0)
     return torch.stack(out, dim=-1)
 
@@ -227,26 +230,31 @@ PLUCKER_RELATIONS = Exercise(
 # --- 3. principal angles --------------------------------------------------------------------------
 
 def principal_angles(u1, w1, u2, w2):
-    """Principal angles ``0 <= theta_1 <= theta_2 <= pi/2`` between span(u1, w1) and
-    span(u2, w2): four ``[..., r]`` float tensors of one shape. Return ``[..., 2]``,
-    ascending, in their dtype. Raise ``ValueError`` if a pair spans no plane (a zero
-    vector, or w parallel to u)."""
+    """Principal angles ``0 <= theta_1 <= theta_2 <= pi/2`` between span(u1, w1)
+    and span(u2, w2): four ``[..., r]`` float tensors of one shape. Return
+    ``[..., 2]``, ascending, in their dtype. Raise ``ValueError`` if a pair
+    spans no plane (a zero vector, or w parallel to u)."""
     def basis(u, w):
-        # Gram-Schmidt, twice: the second pass removes what rounding left along u
+        # Gram-Schmidt, twice: the second pass removes what rounding
+        # left along u
         q1 = u / u.norm(dim=-1, keepdim=True)
         v = w - (q1 * w).sum(-1, keepdim=True) * q1
         v = v - (q1 * v).sum(-1, keepdim=True) * q1
-        if not bool(((v.norm(dim=-1) > 1e3 * torch.finfo(u.dtype).eps * w.norm(dim=-1))
+        if not bool(((v.norm(dim=-1)
+                      > 1e3 * torch.finfo(u.dtype).eps * w.norm(dim=-1))
                      & (u.norm(dim=-1) > 0)).all()):
-            raise ValueError("a pair does not span a plane (a zero vector, or w parallel to u)")
-        return torch.stack([q1, v / v.norm(dim=-1, keepdim=True)], dim=-1)        # [..., r, 2]
+            raise ValueError("a pair does not span a plane "
+                             "(a zero vector, or w parallel to u)")
+        # [..., r, 2]
+        return torch.stack([q1, v / v.norm(dim=-1, keepdim=True)], dim=-1)
 
     q1, q2 = basis(u1, w1), basis(u2, w2)
-    m = q1.transpose(-1, -2) @ q2                              # cosines: singular values of Q1^T Q2
+    m = q1.transpose(-1, -2) @ q2        # cosines: singular values of Q1^T Q2
     cos = torch.linalg.svdvals(m)                              # descending
     # sines: of the part of Q2 outside plane 1
     sin = torch.linalg.svdvals(q2 - q1 @ m).flip(-1)
-    # atan2, not arccos: arccos of a cosine near 1 keeps only sqrt(eps) of a small angle
+    # atan2, not arccos: arccos of a cosine near 1 keeps only sqrt(eps)
+    # of a small angle
     return torch.atan2(sin, cos)
 
 
@@ -363,17 +371,18 @@ PRINCIPAL_ANGLES = Exercise(
 
 def grassmann_mixing_signal(z, weight, offsets, norm_floor):
     """The layer's signal before its bias: ``z [B, T, r]``,
-    ``weight [d, r (r - 1) / 2]``, offsets (distinct ints >= 1), ``norm_floor > 0``.
-    ``g_t`` = mean over valid delta (``t - delta >= 0``) of
-    ``W p / max(||p||, norm_floor)``, ``p = p(z_t, z_{t-delta})`` in lexicographic
-    (i, j) order; ``g_t = 0`` where no offset is valid. Return ``[B, T, d]``."""
+    ``weight [d, r (r - 1) / 2]``, offsets (distinct ints >= 1),
+    ``norm_floor > 0``. ``g_t`` = mean over valid delta (``t - delta >= 0``) of
+    ``W p / max(||p||, norm_floor)``, ``p = p(z_t, z_{t-delta})`` in
+    lexicographic (i, j) order; ``g_t = 0`` where no offset is valid. Return
+    ``[B, T, d]``."""
     B, T, r = z.shape
     i, j = torch.triu_indices(r, r, offset=1)
     total = z.new_zeros(B, T, weight.shape[1])
     count = torch.zeros(T, dtype=z.dtype)
     for delta in offsets:
         if delta >= T:
-            continue                                        # pairs nothing in this sequence
+            continue                       # pairs nothing in this sequence
         # z_t and its partner z_{t - delta}: the past
         u, w = z[:, delta:], z[:, :-delta]
         p = u[..., i] * w[..., j] - u[..., j] * w[..., i]
@@ -381,7 +390,8 @@ def grassmann_mixing_signal(z, weight, offsets, norm_floor):
         p = p / p.norm(dim=-1, keepdim=True).clamp_min(norm_floor)
         total[:, delta:] += p
         count[delta:] += 1
-    mean = total / count.clamp_min(1)[None, :, None]        # divide by |W_t|, the valid offsets
+    # divide by |W_t|, the valid offsets
+    mean = total / count.clamp_min(1)[None, :, None]
     return mean @ weight.T
 
 

@@ -18,13 +18,14 @@ f64 = torch.float64
 # --- 1. the lightning indexer's scores ------------------------------------------------------------
 
 def index_scores(index_q, index_k, index_w):
-    """The indexer's scores. Float tensors: ``index_q [B, H_I, Tq, d_I]``; one index
-    key per token, shared by the heads, ``index_k [B, 1, Tk, d_I]``; signed weights
-    ``index_w [B, H_I, Tq]``. Return ``I [B, 1, Tq, Tk]``:
+    """The indexer's scores. Float tensors: ``index_q [B, H_I, Tq, d_I]``; one
+    index key per token, shared by the heads, ``index_k [B, 1, Tk, d_I]``;
+    signed weights ``index_w [B, H_I, Tq]``. Return ``I [B, 1, Tq, Tk]``:
     ``I[b, 0, t, s] = sum_j w[b, j, t] ReLU(q[b, j, t] . k[b, 0, s])`` for every
     pair (no mask, no scale)."""
-    # [B, H_I, Tq, d_I] @ [B, 1, d_I, Tk]: the shared key broadcasts over the index heads
-    per_head = torch.relu(index_q @ index_k.transpose(-1, -2))          # [B, H_I, Tq, Tk]
+    # [B, H_I, Tq, d_I] @ [B, 1, d_I, Tk] -> [B, H_I, Tq, Tk]: the shared key
+    # broadcasts over the index heads
+    per_head = torch.relu(index_q @ index_k.transpose(-1, -2))
     # each head's ReLU first, then its weight, then the sum over heads
     return (index_w.unsqueeze(-1) * per_head).sum(dim=1, keepdim=True)
 
@@ -89,33 +90,36 @@ INDEX_SCORES = Exercise(
 # --- 2. top-k attention ---------------------------------------------------------------------------
 
 def topk_attention(q, k, v, I, top_k):
-    """Causal top-k attention: ``q, k [B, H, T, D]``, ``v [B, H, T, Dv]``, index scores
-    ``I [B, 1, T, T]`` (shared by the heads), ``top_k >= 1``. Query t keeps its
-    ``top_k`` visible keys (s <= t) of highest ``I[t, s]`` (all if it sees fewer;
-    ties to the earlier key), then softmax of ``q . k / sqrt(D)`` on them alone.
-    Return ``[B, H, T, Dv]``; never read an unselected key."""
+    """Causal top-k attention: ``q, k [B, H, T, D]``, ``v [B, H, T, Dv]``, index
+    scores ``I [B, 1, T, T]`` (shared by the heads), ``top_k >= 1``. Query t
+    keeps its ``top_k`` visible keys (s <= t) of highest ``I[t, s]`` (all if it
+    sees fewer; ties to the earlier key), then softmax of ``q . k / sqrt(D)`` on
+    them alone. Return ``[B, H, T, Dv]``; never read an unselected key."""
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
     B, H, T, D = q.shape
     n = min(top_k, T)
     rows = torch.arange(T)[:, None]
     # [T, T]: key s <= query t
     visible = torch.arange(T)[None, :] <= rows
-    # Rank by index score with the invisible keys at -inf: a stable sort gives ties to the earlier
-    # key and puts every visible key before every invisible one, so the first n slots hold the
-    # top-k visible keys.
+    # Rank by index score with the invisible keys at -inf: a stable sort gives
+    # ties to the earlier key and puts every visible key before every
+    # invisible one, so the first n slots hold the top-k visible keys.
     score = I.masked_fill(~visible, float("-inf"))
-    idx = torch.sort(score, dim=-1, descending=True, stable=True).indices[..., :n]   # [B, 1, T, n]
+    idx = torch.sort(score, dim=-1, descending=True,
+                     stable=True).indices[..., :n]      # [B, 1, T, n]
     # a row that sees fewer than n keys has empty slots
     used = idx <= rows
-    # Gather the selected keys and values ([B, H, T, n, D]): the other keys are never read, so an
-    # inf or NaN in them cannot reach the output (masking a dense product would give
-    # 0 * inf = NaN).
-    b, h = torch.arange(B)[:, None, None, None], torch.arange(H)[None, :, None, None]
+    # Gather the selected keys and values ([B, H, T, n, D]): the other keys are
+    # never read, so an inf or NaN in them cannot reach the output (masking a
+    # dense product would give 0 * inf = NaN).
+    b, h = (torch.arange(B)[:, None, None, None],
+            torch.arange(H)[None, :, None, None])
     k_sel, v_sel = k.to(acc)[b, h, idx], v.to(acc)[b, h, idx]
     v_sel = torch.where(used.unsqueeze(-1), v_sel, 0.0)
     s = torch.einsum("bhtd,bhtnd->bhtn", q.to(acc), k_sel) / math.sqrt(D)
     s = s.masked_fill(~used, float("-inf"))
-    p = torch.softmax(s, dim=-1)                    # renormalised over the selected keys only
+    # renormalised over the selected keys only
+    p = torch.softmax(s, dim=-1)
     return torch.einsum("bhtn,bhtnd->bhtd", p, v_sel)
 
 
@@ -239,16 +243,19 @@ TOPK_ATTENTION = Exercise(
 # --- 3. what a selection costs a row: the L1 distance ----------------------------------------------
 
 def topk_l1_error(scores, selected):
-    """``||p - p~||_1`` per row: ``p = softmax(scores)`` over the last dim, ``p~`` = p
-    restricted to ``selected`` and renormalised. ``scores [..., N]`` (``-inf``: a
-    masked key); ``selected [..., N]`` bool, at least one finite score selected per
-    row. Return float64 ``[...]``, from the recall p(S) alone."""
+    """``||p - p~||_1`` per row: ``p = softmax(scores)`` over the last dim,
+    ``p~`` = p restricted to ``selected`` and renormalised. ``scores [..., N]``
+    (``-inf``: a masked key); ``selected [..., N]`` bool, at least one finite
+    score selected per row. Return float64 ``[...]``, from the recall p(S)
+    alone."""
     s = scores.to(torch.float64)
     # subtract the row's max: exp never overflows
     m = s.amax(dim=-1, keepdim=True)
     e = torch.exp(s - m)
-    recall = (e * selected).sum(-1) / e.sum(-1)         # p(S), the mass the selection keeps
-    # the mass leaving the complement, 1 - p(S), and the same mass added on S by renormalising
+    # p(S), the mass the selection keeps
+    recall = (e * selected).sum(-1) / e.sum(-1)
+    # the mass leaving the complement, 1 - p(S), and the same mass added on S
+    # by renormalising
     return 2 * (1 - recall)
 
 
@@ -324,12 +331,13 @@ TOPK_L1 = Exercise(
 # --- 4. what a top-k layer costs per token ---------------------------------------------------------
 
 def topk_prefill_flops(T, heads, d_head, index_heads, index_dim, top_k):
-    """Matrix-product FLOPs per token of a causal prefill of ``T`` tokens through one
-    top-k layer: ``heads`` attention heads, ``D = Dv = d_head``; an indexer of
-    ``index_heads`` heads of width ``index_dim`` (all ints). Query t (1-based) sees
-    t keys. 2 FLOPs per multiply-add; leave out the ReLU and the weighted sum.
-    Return a float: the mean over the T queries."""
-    indexer = 2 * index_heads * index_dim               # one dot product per index head and pair
+    """Matrix-product FLOPs per token of a causal prefill of ``T`` tokens
+    through one top-k layer: ``heads`` attention heads, ``D = Dv = d_head``; an
+    indexer of ``index_heads`` heads of width ``index_dim`` (all ints). Query t
+    (1-based) sees t keys. 2 FLOPs per multiply-add; leave out the ReLU and the
+    weighted sum. Return a float: the mean over the T queries."""
+    # one dot product per index head and pair
+    indexer = 2 * index_heads * index_dim
     # a score (q . k) and a weighted value, per head
     pair = 2 * heads * (d_head + d_head)
     total = sum(indexer * t + pair * min(top_k, t) for t in range(1, T + 1))

@@ -113,11 +113,12 @@ def _pow2(n: int, least: int = 16) -> int:
 @triton.jit
 def online_softmax_update(acc, l, m, s, v):
     """Fold one key tile into a query tile's running state: ``acc [BM, DV]``,
-    ``l, m [BM]`` (float32; ``m = -inf``, ``l = 0``, ``acc = 0`` for a row with no
-    key yet), scores ``s [BM, BN]`` (for ``tl.exp``, not ``exp2``; ``-inf`` =
-    masked), values ``v [BN, DV]``. Return ``(acc, l, m)`` over the keys seen plus
-    this tile."""
-    m_new = tl.maximum(m, tl.max(s, 1))                   # the running maximum over every key seen
+    ``l, m [BM]`` (float32; ``m = -inf``, ``l = 0``, ``acc = 0`` for a row with
+    no key yet), scores ``s [BM, BN]`` (for ``tl.exp``, not ``exp2``; ``-inf`` =
+    masked), values ``v [BN, DV]``. Return ``(acc, l, m)`` over the keys seen
+    plus this tile."""
+    # the running maximum over every key seen
+    m_new = tl.maximum(m, tl.max(s, 1))
     # A row with only -inf so far keeps m = -inf; measure it against 0, since
     # exp(-inf - (-inf)) is NaN.
     m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -271,16 +272,19 @@ ONLINE_SOFTMAX = Exercise(
 # --- 2. the causal mask of a score tile ------------------------------------------------------------
 
 @triton.jit
-def causal_mask(s, start_m, start_n, T_K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Mask the scores ``s [BLOCK_M, BLOCK_N]`` of queries ``start_m + 0 .. BLOCK_M-1``
-    against keys ``start_n + 0 .. BLOCK_N-1``: query ``i`` sees keys ``j <= i`` with
-    ``j < T_K``; entries past ``T_K`` hold garbage. Return ``s`` with ``-inf`` where
-    the key is not seen, the other scores unchanged."""
+def causal_mask(s, start_m, start_n, T_K,
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Mask the scores ``s [BLOCK_M, BLOCK_N]`` of queries
+    ``start_m + 0 .. BLOCK_M-1`` against keys ``start_n + 0 .. BLOCK_N-1``:
+    query ``i`` sees keys ``j <= i`` with ``j < T_K``; entries past ``T_K`` hold
+    garbage. Return ``s`` with ``-inf`` where the key is not seen, the other
+    scores unchanged."""
     # positions in the sequence, not in the tile
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_n = start_n + tl.arange(0, BLOCK_N)
     seen = (offs_n[None, :] <= offs_m[:, None]) & (offs_n[None, :] < T_K)
-    return tl.where(seen, s, float("-inf"))               # a select: garbage (even NaN) is replaced
+    # a select: garbage (even NaN) is replaced
+    return tl.where(seen, s, float("-inf"))
 
 
 @triton.jit
@@ -432,9 +436,10 @@ CAUSAL_MASK = Exercise(
 @triton.jit
 def chunk_state_update(h, k, w, u):
     """One chunk of the delta rule in the kernel's layout ``h = S^T``:
-    ``h [BLOCK_D, BLOCK_DV]`` the state before the chunk, keys ``k [C, BLOCK_D]``
-    and WY factors ``w [C, BLOCK_D]``, ``u [C, BLOCK_DV]`` (float32; padding rows
-    and columns are 0). Return ``h`` after the chunk, ``[BLOCK_D, BLOCK_DV]``."""
+    ``h [BLOCK_D, BLOCK_DV]`` the state before the chunk, keys
+    ``k [C, BLOCK_D]`` and WY factors ``w [C, BLOCK_D]``, ``u [C, BLOCK_DV]``
+    (float32; padding rows and columns are 0). Return ``h`` after the chunk,
+    ``[BLOCK_D, BLOCK_DV]``."""
     # U - W S^T: what the chunk writes, net of what h predicts
     v_new = u - tl.dot(w, h)
     return h + tl.dot(tl.trans(k), v_new)         # S^T + K^T (U - W S^T)
@@ -592,11 +597,11 @@ STATE_UPDATE = Exercise(
 def ut_factor(k, beta, C: tl.constexpr):
     """The UT factor of a chunk of ``C`` keys: ``k [C, BLOCK_D]`` (float32,
     zero-padded), ``beta [C]``. With ``A = strictly-lower(diag(beta) K K^T)``,
-    return ``T = (I + A)^{-1} diag(beta)``, ``[C, C]``, by forward substitution in
-    registers."""
+    return ``T = (I + A)^{-1} diag(beta)``, ``[C, C]``, by forward substitution
+    in registers."""
     r = tl.arange(0, C)
-    a = tl.dot(k, tl.trans(k)) * beta[:, None]                    # diag(beta) K K^T
-    a = tl.where(r[:, None] > r[None, :], a, 0.0)                 # its strictly lower part
+    a = tl.dot(k, tl.trans(k)) * beta[:, None]         # diag(beta) K K^T
+    a = tl.where(r[:, None] > r[None, :], a, 0.0)      # its strictly lower part
     # rows of (I + A)^{-1}, filled top-down
     x = tl.where(r[:, None] == r[None, :], 1.0, 0.0)
     for i in tl.static_range(1, C):
@@ -604,8 +609,9 @@ def ut_factor(k, beta, C: tl.constexpr):
         a_i = tl.sum(tl.where(r[:, None] == i, a, 0.0), 0)
         # e_i - sum_{j<i} A[i, j] X[j, :]
         row = tl.where(r == i, 1.0, 0.0) - tl.sum(a_i[:, None] * x, 0)
-        x = tl.where(r[:, None] == i, row[None, :], x)            # rows j < i are final already
-    return x * beta[None, :]                                      # times diag(beta), on the right
+        # rows j < i are final already
+        x = tl.where(r[:, None] == i, row[None, :], x)
+    return x * beta[None, :]                   # times diag(beta), on the right
 
 
 @triton.jit
