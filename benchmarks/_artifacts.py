@@ -3,7 +3,7 @@
 Three results in ``benchmarks/results/`` take a CPU many minutes to make, so they are committed and the
 tests read them: the static kernel report, the register counts behind ``tests/test_kernel_registers.py``
 and the run of every autotuning candidate through the interpreter. Each is stamped with the inputs it was
-made from (:func:`stamp`, by :mod:`attnlib._provenance`): the sha256 of every repository
+made from (:func:`stamp`, by :mod:`attnlib._provenance`): the sha256 of the code of every repository
 file its script executes -- the script and the closure of its imports, read from the source, so the
 book's code (experiments, figures, exercises) is not among them -- and the versions of the packages that
 compile or run the kernels. A result whose stamp matches the files and versions here is what making it again would

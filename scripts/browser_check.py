@@ -20,12 +20,28 @@ own), and fails a page if
 * it is a chapter page in ``MECHANISM_MAP_PAGES`` and holds no figure whose ``layout.meta`` has the
   key ``mechanism_map`` (the chapter's mechanism map, ``fig.update_layout(meta={"mechanism_map": ...})``);
 * it logs an error to the console (``console.error``), at either width;
-* it scrolls sideways, at a laptop's width (1280 px) or a phone's (390 px, a mobile viewport): the page
-  is wider than the screen;
-* an output box is wider than the text column, or, at 1280 px, a text output (a check line, a printed
-  table) is wider than its box, so that the numbers sit behind a scroll bar;
+
+and, read as a reader reads it -- on a laptop (1280 px) and as a touch phone (390 px: a mobile
+viewport, touch events, the device's pixel ratio) -- if
+
+* it scrolls sideways: the page is wider than the screen (measured against the width set, since a
+  phone's browser widens its viewport to fit a page that is too wide);
+* a figure draws outside its box (its drawing taller or wider than the box the page gives it, so that
+  it covers the text below);
+* a display equation or a code box is wider than the width it has: at 1280 px any one; at 390 px one
+  that scrolls without a sign that it does (``book/_static/scroll_hints.js`` marks a box that scrolls and
+  the stylesheet fades its edge);
+* an equation's number covers its equation;
+* an output box is wider than the text column, or a text output (a check line, a printed table) is
+  wider than its box at either width (its lines must wrap);
+* a table scrolls sideways at 1280 px, or a table's caption is cut off at either width;
+* the table of contents cannot be reached: on the phone, tapping the visible ☰ must open the drawer
+  with the chapters' links and a tap beside it close it; on the laptop, ☰ must hide the sidebar and
+  bring it back;
 * a lab section it quotes, "(lab §n)", is not a link.
 
+Prints one line per page, then the geometry it measured at each width (each figure's drawn height
+against its box's, the widest display equation and code box against the width each has).
 Exit code 0 only when every page passes; prints one line per page.
 """
 
@@ -220,16 +236,20 @@ MAP_PROBE = """
 """
 
 
-# What a reader at this width would have to scroll sideways to see: the page itself, output boxes wider
-# than the text column, text outputs (check lines, printed tables) wider than their box, and "(lab §n)"
-# references left as plain text.
-LAYOUT_PROBE = """
-([textOverflow, references]) => {
+# What a reader at this width sees of the page's geometry: how wide the page is (against the screen the
+# check set, not window.innerWidth, which a phone's browser widens to fit a page that is too wide);
+# each figure's drawing against its box; each display equation and code box against the width it has,
+# and whether one that scrolls says so (scroll_hints.js sets data-scroll, custom.css fades that edge);
+# equation numbers over their equation; output boxes and text outputs wider than the column or their box;
+# tables that scroll and captions cut off; "(lab §n)" references left as plain text.
+GEOMETRY_PROBE = """
+([references]) => {
   const doc = document.documentElement;
   const pageWidth = Math.max(doc.scrollWidth, document.body.scrollWidth);
   const article = document.querySelector('article.bd-article') || document.querySelector('main');
   const column = article ? article.getBoundingClientRect() : {left: 0, right: window.innerWidth};
-  const describe = el => (el.innerText || '').trim().split('\\n')[0].slice(0, 70);
+  const describe = el => (el.innerText || el.textContent || '').trim().split('\\n')[0].slice(0, 50);
+  const visible = el => { const r = el.getBoundingClientRect(); return r.width > 0 && r.height > 0; };
   // a box that scrolls sideways inside the column is fine: what is wider than the column within it
   // is reached by scrolling that box, not the page
   const scrolledWithin = el => {
@@ -245,14 +265,62 @@ LAYOUT_PROBE = """
   for (const el of document.querySelectorAll(boxes)) {
     const r = el.getBoundingClientRect();
     if (r.width > 0 && r.right > column.right + 2 && !scrolledWithin(el)) {
-      wideBoxes.push(`${el.tagName.toLowerCase()} ${Math.round(r.width)} px: `
-                     + describe(el));
+      wideBoxes.push(`${el.tagName.toLowerCase()} ${Math.round(r.width)} px: ` + describe(el));
     }
   }
+  // a figure's drawing (its SVG layers) against the box the page gives it
+  const figures = [];
+  for (const gd of document.querySelectorAll('.js-plotly-plot')) {
+    if (!visible(gd)) continue;
+    const box = gd.getBoundingClientRect();
+    let w = 0, h = 0;
+    for (const svg of gd.querySelectorAll('svg.main-svg')) {
+      const r = svg.getBoundingClientRect();
+      w = Math.max(w, r.right - box.left); h = Math.max(h, r.bottom - box.top);
+    }
+    figures.push({box: [Math.round(box.width), Math.round(box.height)], drawn: [Math.round(w), Math.round(h)],
+                  name: (gd.closest('figure') && gd.closest('figure').id) || gd.id.slice(0, 8)});
+  }
+  // a box that scrolls sideways: how wide its content is, how wide the box, and its sign
+  const scrolling = el => {
+    const style = getComputedStyle(el);
+    const mask = style.maskImage || style.webkitMaskImage || 'none';
+    return {what: describe(el).slice(0, 40), content: el.scrollWidth, box: el.clientWidth,
+            hinted: !!el.getAttribute('data-scroll') && mask !== 'none'};
+  };
+  const equations = [], overlaps = [];
+  for (const div of document.querySelectorAll('div.math')) {
+    if (!visible(div)) continue;
+    const mj = div.querySelector('mjx-container[display="true"]') || div;
+    equations.push({...scrolling(mj), what: div.id || describe(div).slice(0, 40)});
+    // the equation's number over what is drawn of the equation
+    const eqno = div.querySelector('.eqno');
+    const math = mj.querySelector('mjx-math') || mj;
+    if (eqno && math !== mj) {
+      const a = eqno.getBoundingClientRect(), m = math.getBoundingClientRect(), c = mj.getBoundingClientRect();
+      const left = Math.max(a.left, m.left, c.left), right = Math.min(a.right, m.right, c.right);
+      const top = Math.max(a.top, m.top, c.top), bottom = Math.min(a.bottom, m.bottom, c.bottom);
+      if (right - left > 1 && bottom - top > 1) overlaps.push(div.id || describe(div).slice(0, 40));
+    }
+  }
+  const code = [];
+  for (const pre of document.querySelectorAll('div.highlight pre')) if (visible(pre)) code.push(scrolling(pre));
   const hiddenText = [];
-  if (textOverflow) {
-    for (const el of document.querySelectorAll('.cell_output pre, .output pre')) {
-      if (el.scrollWidth > el.clientWidth + 2) hiddenText.push(describe(el));
+  for (const el of document.querySelectorAll('.cell_output pre, .output pre')) {
+    if (visible(el) && el.scrollWidth > el.clientWidth + 2) hiddenText.push(describe(el));
+  }
+  // tables that scroll sideways, and captions cut off (inside a box that scrolls, or past the column)
+  const tables = [], captions = [];
+  for (const t of document.querySelectorAll('article table')) {
+    if (!visible(t)) continue;
+    const holder = t.closest('.pst-scrollable-table-container') || t;
+    if (holder.scrollWidth > holder.clientWidth + 2) tables.push(describe(t).slice(0, 40));
+    const cap = t.querySelector('caption');
+    if (cap) {
+      const r = cap.getBoundingClientRect(), h = holder.getBoundingClientRect();
+      if (r.right > Math.min(h.right, column.right) + 2 || cap.scrollWidth > cap.clientWidth + 2) {
+        captions.push(describe(cap).slice(0, 40));
+      }
     }
   }
   // "(lab §n)", "§7's": every reference to a lab section must be a link
@@ -263,28 +331,130 @@ LAYOUT_PROBE = """
       plainRefs.push(n.textContent.trim().slice(0, 40));
     }
   }
-  return {pageWidth, viewport: window.innerWidth, wideBoxes, hiddenText, plainRefs};
+  return {pageWidth, wideBoxes, figures, equations, overlaps, code, hiddenText, tables, captions, plainRefs};
+}
+"""
+
+# Below this width the page is a phone's: a display equation or code box may scroll sideways inside its
+# own box if it says so; above it (a laptop's 1280 px) every one fits its column.
+PHONE_PX = 600
+
+
+def _too_wide(boxes: list[dict], narrow: bool) -> list[dict]:
+    """The boxes whose content is wider than the box: all of them on a laptop; on a phone those that
+    scroll without the sign that they do."""
+    return [b for b in boxes if b["content"] > b["box"] + 1 and not (narrow and b["hinted"])]
+
+
+def _shown(items: list, n: int = 2) -> str:
+    return " | ".join(str(i) for i in items[:n])
+
+
+def layout_problems(page, width: str, first: bool, screen: int | None = None) -> tuple[list[str], str]:
+    """What a reader at this width would meet (see ``GEOMETRY_PROBE``), and one line of the geometry
+    measured, for the log. ``screen``: the width the check set (default: the page's own); unlinked
+    references are checked at the first width only."""
+    screen = screen or page.viewport_size["width"]
+    narrow = screen < PHONE_PX
+    got = page.evaluate(GEOMETRY_PROBE, [first])
+    problems = []
+    if got["pageWidth"] > screen + 1:
+        problems.append(f"scrolls sideways at {width} (the page is {got['pageWidth']} px wide)")
+    if got["wideBoxes"]:
+        problems.append(f"{len(got['wideBoxes'])} box(es) wider than the text column at {width}: "
+                        + _shown(got["wideBoxes"]))
+    spill = [f for f in got["figures"] if f["drawn"][0] > f["box"][0] + 2 or f["drawn"][1] > f["box"][1] + 2]
+    if spill:
+        problems.append(f"{len(spill)} figure(s) drawn outside their box at {width}: " + _shown(
+            [f"{f['name']} draws {f['drawn'][0]}x{f['drawn'][1]} in {f['box'][0]}x{f['box'][1]} px" for f in spill]))
+    for label, boxes in (("display equation(s)", got["equations"]), ("code box(es)", got["code"])):
+        wide = _too_wide(boxes, narrow)
+        if wide:
+            how = "that scroll without a sign that they do" if narrow else "wider than the column"
+            problems.append(f"{len(wide)} {label} {how} at {width}: "
+                            + _shown([f"{b['what']} ({b['content']} in {b['box']} px)" for b in wide]))
+    if got["overlaps"]:
+        problems.append(f"{len(got['overlaps'])} equation number(s) over their equation at {width}: "
+                        + _shown(got["overlaps"]))
+    if got["hiddenText"]:
+        problems.append(f"{len(got['hiddenText'])} output(s) wider than their box at {width} (lines must wrap): "
+                        + _shown(got["hiddenText"]))
+    if got["tables"] and not narrow:
+        problems.append(f"{len(got['tables'])} table(s) that scroll sideways at {width}: " + _shown(got["tables"]))
+    if got["captions"]:
+        problems.append(f"{len(got['captions'])} caption(s) cut off at {width}: " + _shown(got["captions"]))
+    if got["plainRefs"]:
+        problems.append(f"{len(got['plainRefs'])} lab section reference(s) not linked: " + _shown(got["plainRefs"]))
+
+    def widest(boxes):
+        return max(boxes, key=lambda b: b["content"] - b["box"], default=None)
+
+    parts = [f"page {got['pageWidth']}/{screen}"]
+    if got["figures"]:
+        parts.append("figures drawn/box " + ", ".join(f"{f['drawn'][1]}/{f['box'][1]}" for f in got["figures"]))
+    for label, boxes in (("equation", got["equations"]), ("code", got["code"])):
+        w = widest(boxes)
+        if w:
+            parts.append(f"widest {label} {w['content']}/{w['box']}")
+    return problems, f"{width}: " + "; ".join(parts)
+
+
+# The table of contents, as a reader reaches it: on a phone the visible ☰ opens the drawer with the
+# chapters' links, and a tap beside it closes it; on a laptop ☰ hides the sidebar and shows it again.
+DRAWER_STATE = """
+() => {
+  const modal = document.getElementById('pst-primary-sidebar-modal');
+  const side = document.getElementById('pst-primary-sidebar');
+  const shown = el => { if (!el) return false; const r = el.getBoundingClientRect();
+    return r.width > 0 && r.height > 0 && getComputedStyle(el).visibility !== 'hidden'; };
+  const links = modal ? Array.from(modal.querySelectorAll('a')).filter(shown).length : 0;
+  return {open: !!(modal && modal.open), links, sidebar: shown(side)};
 }
 """
 
 
-def layout_problems(page, width: str, first: bool) -> list[str]:
-    """What a reader at this width would have to scroll sideways for (see ``LAYOUT_PROBE``); text
-    outputs wider than their box and unlinked references are checked at the first width only."""
-    got = page.evaluate(LAYOUT_PROBE, [first, first])
-    problems = []
-    if got["pageWidth"] > got["viewport"] + 1:
-        problems.append(f"scrolls sideways at {width} ({got['pageWidth']} px wide)")
-    if got["wideBoxes"]:
-        problems.append(f"{len(got['wideBoxes'])} box(es) wider than the text column at {width}: "
-                        + " | ".join(got["wideBoxes"][:2]))
-    if got["hiddenText"]:
-        problems.append(f"{len(got['hiddenText'])} output(s) wider than their box at {width}: "
-                        + " | ".join(got["hiddenText"][:2]))
-    if got["plainRefs"]:
-        problems.append(f"{len(got['plainRefs'])} lab section reference(s) not linked: "
-                        + " | ".join(got["plainRefs"][:2]))
-    return problems
+def drawer_problems(page, width: str, phone: bool, timeout_ms: int = 10_000) -> list[str]:
+    """Whether the visible ☰ opens and closes the table of contents at this width (see ``DRAWER_STATE``);
+    a state not reached within ``timeout_ms`` of the tap never comes."""
+    # where the visible ☰ is (it moves when the sidebar hides): tapped or clicked there, as a finger or
+    # a pointer would
+    locate = """() => {
+      for (const b of document.querySelectorAll('.primary-toggle')) {
+        const r = b.getBoundingClientRect();
+        if (r.width > 0 && r.height > 0 && getComputedStyle(b).visibility !== 'hidden') {
+          return [r.left + r.width / 2, r.top + r.height / 2];
+        }
+      }
+      return null;
+    }"""
+    spot = page.evaluate(locate)
+    if not spot:
+        return [f"no visible table-of-contents button at {width}"]
+
+    def wait(condition: str) -> bool:
+        try:
+            page.wait_for_function(f"() => {{ const s = ({DRAWER_STATE})(); return {condition}; }}", timeout=timeout_ms)
+            return True
+        except Exception:  # noqa: BLE001 - a timeout: the state never came
+            return False
+
+    if phone:
+        page.touchscreen.tap(*spot)
+        if not wait("s.open && s.links > 0"):
+            return [f"the table of contents does not open at {width} (tapping ☰ shows no drawer of links)"]
+        size = page.viewport_size
+        page.touchscreen.tap(size["width"] - 8, size["height"] // 2)       # beside the drawer
+        if not wait("!s.open"):
+            return [f"the table of contents does not close at {width} (a tap beside the drawer)"]
+        return []
+    before = page.evaluate(DRAWER_STATE)["sidebar"]
+    page.mouse.click(*spot)
+    if not wait(f"s.sidebar === {str(not before).lower()}"):
+        return [f"☰ does not {'hide' if before else 'show'} the table of contents at {width}"]
+    page.mouse.click(*page.evaluate(locate))
+    if not wait(f"s.sidebar === {str(before).lower()}"):
+        return [f"☰ does not bring the table of contents back at {width}"]
+    return []
 
 
 def console_errors(page) -> list[str]:
@@ -397,16 +567,21 @@ def check_page(root: Path, base: str, rel: str, contexts: dict, screenshots: Pat
                         f"{MAX_PAGE_BYTES / 1e6:.1f} MB)")
     if rel in MECHANISM_MAP_PAGES and not maps:
         problems.append("no mechanism map (a figure with layout.meta.mechanism_map)")
-    problems += layout_problems(page, WIDTHS[0][0], first=True)
-    for width, viewport, _ in WIDTHS[1:]:
+    found, geometry = layout_problems(page, WIDTHS[0][0], first=True)
+    problems += found + drawer_problems(page, WIDTHS[0][0], phone=WIDTHS[0][2])
+    for width, viewport, mobile in WIDTHS[1:]:
         narrow = contexts[width].new_page()
         logged += console_errors(narrow)
+        narrow.on("pageerror", lambda e: errors.append(str(e)))
         _load(narrow, f"{base}/{rel}", must_have)
         narrow.evaluate(MATH_PROBE)
-        problems += layout_problems(narrow, width, first=False)
+        found, line = layout_problems(narrow, width, first=False)
+        problems += found
+        geometry += "\n      " + line
         if screenshots:
             screenshots.mkdir(parents=True, exist_ok=True)
             narrow.screenshot(path=str(screenshots / (rel.replace("/", "_") + f".{viewport['width']}.png")))
+        problems += drawer_problems(narrow, width, phone=mobile)
         narrow.close()
     if logged:
         shown = " | ".join(m[:120] for m in sorted(set(logged))[:3])
@@ -418,7 +593,8 @@ def check_page(root: Path, base: str, rel: str, contexts: dict, screenshots: Pat
     status = "FAIL" if problems else "ok"
     line = (f"{status:4}  {rel}: {drawn} figure(s) rendered, {len(sliders_moved)} slider(s) moved, "
             f"{weight / 1e6:.2f} MB" + (f", map: {', '.join(maps)}" if maps else "")
-            + f", {time.perf_counter() - t0:.1f} s" + ("" if not problems else "  -- " + "; ".join(problems)))
+            + f", {time.perf_counter() - t0:.1f} s" + ("" if not problems else "  -- " + "; ".join(problems))
+            + "\n      " + geometry)
     return not problems, line
 
 

@@ -1,7 +1,11 @@
-"""The browser check's layout probe can fail: on small pages built here, it must flag a page that
-scrolls sideways, an output wider than its box, a box wider than the text column, a console error and
-a lab reference that is not a link -- and pass the same content made to fit. Needs a Chromium (``make
-test`` installs one before the unit tests); skipped without one."""
+"""The browser check can fail: on small pages built here, each defect a reader could meet must be
+flagged -- a page that scrolls sideways (also where a phone's browser zooms out to fit it), a figure drawn
+outside its box, a display equation or code box wider than the column on a laptop or scrolling without a
+sign on a phone, an equation number over its equation, an output that does not wrap, a table that
+scrolls on a laptop or a caption cut off, a table of contents that does not open, a console error, a lab
+reference that is not a link -- and the same content made to fit, with the book's own stylesheet and
+scripts where the fix is theirs, must pass. Needs a Chromium (``make test`` installs one before the unit
+tests); skipped without one."""
 
 import contextlib
 import importlib.util
@@ -11,6 +15,7 @@ import pytest
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
 ROOT = Path(__file__).resolve().parent.parent
+STATIC = ROOT / "book" / "_static"
 
 
 def _browser_check():
@@ -22,19 +27,56 @@ def _browser_check():
 
 CHECK = _browser_check()
 PAGE = """<!doctype html><html><head><meta name="viewport" content="width=device-width">
-<style>body {{ margin: 0; }} article {{ max-width: 700px; margin: 0 20px; }}
-pre {{ overflow-x: auto; font: 14px monospace; }}</style></head>
+<style>body {{ margin: 0; }} article {{ max-width: 700px; margin: 0 16px; }}
+pre {{ overflow-x: auto; font: 14px monospace; white-space: pre; }}
+mjx-container {{ display: block; overflow-x: auto; }} mjx-math {{ display: inline-block; height: 2em; }}
+</style>{head}</head>
 <body><main><article class="bd-article">{body}</article></main>{script}</body></html>"""
+# The book's own stylesheet and scripts: what makes a wide equation or listing say that it scrolls, an
+# output wrap, a long inline name break, and the visible ☰ open the table of contents.
+BOOK = (f'<link rel="stylesheet" href="{(STATIC / "custom.css").as_uri()}">'
+        f'<script src="{(STATIC / "scroll_hints.js").as_uri()}"></script>'
+        f'<script src="{(STATIC / "sidebar_toggle.js").as_uri()}"></script>')
+# A theme as the book's has it: two ☰ buttons, its script listening on the first (hidden) one only.
+THEME = """<button class="primary-toggle" style="display: none">☰</button>
+<button class="primary-toggle">☰</button><div id="pst-primary-sidebar"><a href="#a">1. Chapter one</a></div>
+<dialog id="pst-primary-sidebar-modal"></dialog>
+<script>(() => {
+  const t = document.querySelector('.primary-toggle'), s = document.getElementById('pst-primary-sidebar');
+  const d = document.getElementById('pst-primary-sidebar-modal');
+  t.addEventListener('click', () => {
+    if (innerWidth >= 992) { s.style.display = s.style.display === 'none' ? '' : 'none'; return; }
+    d.append(...s.childNodes); d.showModal();
+  });
+  d.addEventListener('click', e => { if (e.target === d) d.close(); });
+  d.addEventListener('close', () => s.append(...d.childNodes));
+})();</script>"""
+LONG = "attnlib.experiments.hybrid.hybrid_pattern(n_layers, ratio)"
 FITS = {
     "output": '<div class="cell_output"><pre>✓ a claim\n  (its numbers)</pre></div>',
-    "table": '<div style="overflow-x: auto"><table style="width: 1500px"><tr><td>x</td></tr></table></div>',
+    "table": ('<div class="pst-scrollable-table-container" style="overflow-x: auto"><table style="width: 500px">'
+              "<caption>Table 1. A caption</caption><tr><td>x</td></tr></table></div>"),
     "reference": '<p>as measured (lab <a href="#s4">§4</a>).</p>',
+    "figure": ('<div style="height: 300px"><div class="js-plotly-plot" style="height: 100%">'
+               '<svg class="main-svg" width="300" height="300"></svg></div></div>'),
+    "equation": ('<div class="math" id="eq"><span class="eqno">(1.1)</span>'
+                 '<mjx-container display="true"><mjx-math style="width: 300px"></mjx-math></mjx-container></div>'),
+    "code": '<div class="highlight"><pre>import torch</pre></div>',
+    "inline": f"<p>The pattern is <code class=\"literal\"><span class=\"pre\">{LONG}</span></code>.</p>",
     "script": "",
 }
+WIDE_EQUATION = ('<div class="math" id="eq"><mjx-container display="true">'
+                 '<mjx-math style="width: 1500px"></mjx-math></mjx-container></div>')
+WIDE_CODE = '<div class="highlight"><pre>' + "x = 1;  " * 40 + "</pre></div>"
+WIDE_OUTPUT = '<div class="cell_output"><pre>' + "✓ " + "a claim with its numbers " * 8 + "</pre></div>"
 BREAKS = {
-    "output": '<div class="cell_output"><pre>' + "✓ " + "a claim with its numbers " * 8 + "</pre></div>",
+    "output": WIDE_OUTPUT,
     "table": '<table style="width: 1500px"><tr><td>x</td></tr></table>',
     "reference": "<p>as measured (lab §4).</p>",
+    "figure": ('<div style="height: 100px"><div class="js-plotly-plot" style="height: 100%">'
+               '<svg class="main-svg" width="300" height="300"></svg></div></div>'),
+    "equation": WIDE_EQUATION,
+    "code": WIDE_CODE,
     "script": "<script>console.error('Got invalid theme mode: . Resetting to auto.')</script>",
 }
 
@@ -51,27 +93,84 @@ def browser():
         b.close()
 
 
-def _problems(browser, tmp_path, parts, width):
-    body = "".join(v for k, v in parts.items() if k != "script")
-    (tmp_path / "page.html").write_text(PAGE.format(body=body, script=parts["script"]), encoding="utf-8")
-    page = browser.new_page(viewport={"width": width, "height": 800})
+def _problems(browser, tmp_path, parts, width, head="", drawer=False):
+    """The browser check's problems with a page of ``parts`` at ``width`` (a phone below 600 px, as the
+    check emulates one), after the book's scripts in ``head`` have had the page's load to run."""
+    body = "".join(v for k, v in parts.items() if k != "script") + (THEME if drawer else "")
+    (tmp_path / "page.html").write_text(PAGE.format(head=head, body=body, script=parts["script"]),
+                                        encoding="utf-8")
+    phone = width < CHECK.PHONE_PX
+    context = browser.new_context(viewport={"width": width, "height": 800}, is_mobile=phone, has_touch=phone)
+    page = context.new_page()
     logged = CHECK.console_errors(page)
     page.goto((tmp_path / "page.html").as_uri(), wait_until="load")
-    problems = CHECK.layout_problems(page, f"{width} px", first=True)
-    page.close()
+    page.wait_for_timeout(50)           # scroll_hints.js marks boxes on load and on ResizeObserver's first call
+    problems, _ = CHECK.layout_problems(page, f"{width} px", first=True)
+    if drawer:
+        problems += CHECK.drawer_problems(page, f"{width} px", phone=phone, timeout_ms=1_500)
+    context.close()
     return problems + [f"console: {m}" for m in logged]
 
 
-def test_a_page_that_fits_passes(browser, tmp_path):
-    assert _problems(browser, tmp_path, FITS, 1280) == []
+@pytest.mark.parametrize("width", [1280, 390])
+def test_a_page_that_fits_passes(browser, tmp_path, width):
+    assert _problems(browser, tmp_path, FITS, width, head=BOOK, drawer=True) == []
 
 
 @pytest.mark.parametrize("part, expected", [
     ("output", "wider than their box"), ("table", "scrolls sideways"),
-    ("reference", "not linked"), ("script", "console: Got invalid theme mode")])
-def test_each_way_a_page_fails_a_reader_is_flagged(browser, tmp_path, part, expected):
+    ("reference", "not linked"), ("figure", "drawn outside their box"),
+    ("equation", "display equation(s) wider than the column"), ("code", "code box(es) wider than the column"),
+    ("script", "console: Got invalid theme mode")])
+def test_each_way_a_laptop_page_fails_a_reader_is_flagged(browser, tmp_path, part, expected):
     problems = _problems(browser, tmp_path, {**FITS, part: BREAKS[part]}, 1280)
     assert any(expected in p for p in problems), problems
+
+
+def test_a_table_that_scrolls_on_a_laptop_and_a_caption_cut_off_are_flagged(browser, tmp_path):
+    wide = FITS["table"].replace("width: 500px", "width: 1500px")
+    at_1280 = _problems(browser, tmp_path, {**FITS, "table": wide}, 1280)
+    assert any("table(s) that scroll sideways" in p for p in at_1280), at_1280
+    # on a phone the table may scroll, but its caption must be read whole: the book's stylesheet keeps it
+    at_390 = _problems(browser, tmp_path, {**FITS, "table": wide}, 390)
+    assert any("caption(s) cut off" in p for p in at_390), at_390
+    assert _problems(browser, tmp_path, {**FITS, "table": wide}, 390, head=BOOK) == []
+
+
+def test_an_equation_number_over_its_equation_is_flagged(browser, tmp_path):
+    covered = FITS["equation"].replace('class="eqno"', 'class="eqno" style="position: absolute; left: 40px"')
+    problems = _problems(browser, tmp_path, {**FITS, "equation": covered}, 1280)
+    assert any("equation number(s) over their equation" in p for p in problems), problems
+
+
+@pytest.mark.parametrize("part, broken, expected", [
+    ("equation", WIDE_EQUATION, "display equation(s) that scroll without a sign"),
+    ("code", WIDE_CODE, "code box(es) that scroll without a sign"),
+    ("output", WIDE_OUTPUT, "wider than their box"),
+    ("inline", FITS["inline"].replace("<p>", "<p style=\"white-space: nowrap\">"), "scrolls sideways at 390"),
+])
+def test_on_a_phone_a_box_that_scrolls_silently_is_flagged_and_the_books_styles_fix_it(
+        browser, tmp_path, part, broken, expected):
+    parts = {**FITS, part: broken}
+    problems = _problems(browser, tmp_path, parts, 390)
+    assert any(expected in p for p in problems), problems
+    if part != "inline":
+        assert _problems(browser, tmp_path, parts, 390, head=BOOK) == []
+
+
+def test_a_long_inline_name_breaks_instead_of_widening_the_page_on_a_phone(browser, tmp_path):
+    # Sphinx keeps each word of an inline literal unbroken; a phone's browser then zooms out to fit it
+    nowrap = '<style>span.pre { white-space: nowrap; }</style>'
+    problems = _problems(browser, tmp_path, FITS, 390, head=nowrap)
+    assert any("scrolls sideways at 390" in p for p in problems), problems
+    assert _problems(browser, tmp_path, FITS, 390, head=nowrap + BOOK) == []
+
+
+@pytest.mark.parametrize("width, expected", [(390, "does not open at 390"), (1280, "does not hide")])
+def test_a_table_of_contents_that_does_not_open_is_flagged(browser, tmp_path, width, expected):
+    problems = _problems(browser, tmp_path, FITS, width, drawer=True)
+    assert any(expected in p for p in problems), problems
+    assert _problems(browser, tmp_path, FITS, width, head=BOOK, drawer=True) == []
 
 
 def test_hovering_a_cell_of_an_attention_map_outlines_its_row(browser, tmp_path):

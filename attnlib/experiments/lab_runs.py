@@ -4,8 +4,8 @@ A lab cell that trains models for minutes calls ``lab.run(name, experiment, **pa
 ``experiment`` is a function of the library (``attnlib.experiments``) that trains, probes and returns
 plain numbers (a JSON-able dict). At full scale (a GPU) it always runs. In quick mode (a CPU) it may
 read ``benchmarks/results/lab_runs/<name>.json`` instead: the same function's result for the same
-parameters, stamped with the inputs it was made from (``attnlib._provenance``: every repository file the
-function's module executes, the torch, numpy and Python versions). With the same stamp, running it
+parameters, stamped with the inputs it was made from (``attnlib._provenance``: the code of every repository
+file the function's module executes, the torch, numpy and Python versions). With the same stamp, running it
 again gives the same numbers -- the function is seeded and runs on one CPU thread -- so reading it is
 running it, without the minutes. ``ATTNBOOK_RUNS`` chooses:
 

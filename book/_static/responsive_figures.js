@@ -8,7 +8,8 @@
  * container is narrower than NARROW_PX: each unit full width, one under the other, its subplot title
  * and colour bars moved with it, the figure as tall as its units; wider again, it gets its own layout
  * back. Only the layout and the colour bars' positions change (Plotly.update), never the data or the
- * frames, so sliders keep working. Figures without meta.stack are left alone.
+ * frames, so sliders keep working. Figures without meta.stack keep their layout. Every figure's box
+ * takes the height it draws (fitBox), so that no figure spills over the text below it.
  */
 (function () {
   "use strict";
@@ -237,6 +238,7 @@
     var done = function () {
       st.busy = false;
       st.mode = mode;
+      fitBox(gd);
       gd.setAttribute("data-layout", mode); // what it shows now (the browser check waits for it)
       schedule(gd);                       // the width may have changed meanwhile
     };
@@ -244,16 +246,34 @@
       ? P.update(gd, change.traces, change.layout, change.indices)
       : P.relayout(gd, change.layout);
     if (promise && typeof promise.then === "function") {
-      promise.then(done, function () { st.busy = false; st.mode = mode; gd.setAttribute("data-layout", mode); });
+      promise.then(done, function () {
+        st.busy = false;
+        st.mode = mode;
+        fitBox(gd);
+        gd.setAttribute("data-layout", mode);
+      });
     } else {
       done();
     }
+  }
+
+  // The box a figure is drawn in grows with what it draws. Plotly's HTML gives the figure a box of fixed
+  // height (the figure's height when it was built) and draws the figure at its layout's height, whatever
+  // the box: a figure restacked taller (or any figure taller than its box) would spill over the text
+  // below it. The box takes the drawn height.
+  function fitBox(gd) {
+    var full = gd._fullLayout;
+    var box = gd.parentElement;
+    if (!full || !box || !box.style || !/px$/.test(box.style.height || "")) return;
+    var drawn = Math.ceil(full.height || 0);
+    if (drawn > 0 && Math.abs(parseFloat(box.style.height) - drawn) > 0.5) box.style.height = drawn + "px";
   }
 
   function check(gd) {
     try {
       var P = plotly();
       if (!P || !gd || !gd._fullLayout || !gd.isConnected) return;
+      fitBox(gd);
       var stack = stackOf(gd);
       if (!stack) return;
       var st = states ? states.get(gd) : gd.__stackState;
