@@ -45,16 +45,39 @@ def within(name: str, prefix: str) -> bool:
 
 
 @functools.lru_cache(maxsize=4096)
-def _statements(path: Path, mtime_ns: int) -> tuple:
-    """The import statements of ``path`` as ``(level, module, names)`` (``level`` None for ``import x``),
-    parsed once per version of the file (``mtime_ns``)."""
-    out = []
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+def _read(path: Path, version: tuple[int, int]) -> tuple[tuple, str]:
+    """What a stamp reads of ``path``, parsed once per version of the file (its ``(mtime_ns, size)``): its import
+    statements as ``(level, module, names)`` (``level`` None for ``import x``), and the sha256 of its code
+    -- the syntax tree without docstrings (``ast.dump``, which leaves out line numbers). Comments,
+    docstrings, line breaks and layout change no result, so a file rewrapped to fit a page keeps its
+    digest; any change to what runs (a name, a constant, an operator) gives another."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    statements = []
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            out.append((None, None, tuple(a.name for a in node.names)))
+            statements.append((None, None, tuple(a.name for a in node.names)))
         elif isinstance(node, ast.ImportFrom):
-            out.append((node.level, node.module, tuple(a.name for a in node.names)))
-    return tuple(out)
+            statements.append((node.level, node.module, tuple(a.name for a in node.names)))
+        body = getattr(node, "body", None)
+        if (isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and body
+                and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
+                and isinstance(body[0].value.value, str)):
+            node.body = body[1:] or [ast.Pass()]
+    return tuple(statements), hashlib.sha256(ast.dump(tree).encode()).hexdigest()
+
+
+def _version_of(path: Path) -> tuple[int, int]:
+    st = path.stat()
+    return st.st_mtime_ns, st.st_size
+
+
+def _statements(path: Path) -> tuple:
+    return _read(path, _version_of(path))[0]
+
+
+def code_digest(path: Path) -> str:
+    """The sha256 of what a Python file executes (see :func:`_read`)."""
+    return _read(path, _version_of(path))[1]
 
 
 def imports(name: str, path: Path, known: dict[str, Path], skip: tuple[str, ...] = ()) -> set[str]:
@@ -64,7 +87,7 @@ def imports(name: str, path: Path, known: dict[str, Path], skip: tuple[str, ...]
     is_pkg = path.name == "__init__.py"
     here = name if is_pkg else name.rpartition(".")[0]          # the package relative imports start from
     targets: set[str] = set()
-    for level, module, names in _statements(path, path.stat().st_mtime_ns):
+    for level, module, names in _statements(path):
         if level is None:                                       # `import a.b, c`
             targets.update(names)
             continue
@@ -119,21 +142,6 @@ def _version(pkg: str) -> str:
         return importlib.metadata.version(pkg).split("+")[0]
     except importlib.metadata.PackageNotFoundError:
         return "-"
-
-
-def code_digest(path: Path) -> str:
-    """The sha256 of what a Python file executes: its syntax tree without docstrings (``ast.dump``, which
-    leaves out line numbers). Comments, docstrings, line breaks and layout change no result, so a file
-    rewrapped to fit a page keeps its digest; any change to what runs (a name, a constant, an operator)
-    gives another."""
-    tree = ast.parse(path.read_text(encoding="utf-8"))
-    for node in ast.walk(tree):
-        body = getattr(node, "body", None)
-        if (isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and body
-                and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
-                and isinstance(body[0].value.value, str)):
-            node.body = body[1:] or [ast.Pass()]
-    return hashlib.sha256(ast.dump(tree).encode()).hexdigest()
 
 
 def stamp(entry: Path, packages: tuple[str, ...] = ()) -> dict:
