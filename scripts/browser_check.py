@@ -486,17 +486,29 @@ LAID_OUT = """
 """
 
 
-def _load(page, url: str, must_have: bool) -> None:
-    """Open ``url`` and wait for what a reader waits for: the page, its figures (where it has any:
-    Plotly draws them while the page parses, so this returns at once unless one is late), and each
-    figure laid out for the width. Waits on what the page shows, not on a clock, so that a busy machine
-    makes the check slower, never wrong (a figure still not there after a minute is reported)."""
-    page.goto(url, wait_until="load")
+def _start(page, url: str) -> None:
+    """Begin loading ``url`` and return once the navigation has started (the page goes on loading in its
+    own renderer, so that a page's two widths load at the same time)."""
+    page.goto(url, wait_until="commit", timeout=180_000)
+
+
+def _finish(page, must_have: bool) -> None:
+    """Wait for what a reader waits for: the page, its figures (where it has any: Plotly draws them while
+    the page parses, so this returns at once unless one is late), and each figure laid out for the width.
+    Waits on what the page shows, not on a clock, so that a busy machine makes the check slower, never
+    wrong (a figure still not there after a minute is reported)."""
+    page.wait_for_load_state("load", timeout=180_000)
     if must_have:
         with contextlib.suppress(Exception):
             page.wait_for_selector(".js-plotly-plot .main-svg", timeout=60_000)
         with contextlib.suppress(Exception):
             page.wait_for_function(LAID_OUT, timeout=60_000)
+
+
+def _load(page, url: str, must_have: bool) -> None:
+    """Open ``url`` and wait for it as a reader would (:func:`_finish`)."""
+    _start(page, url)
+    _finish(page, must_have)
 
 
 def check_page(root: Path, base: str, rel: str, contexts: dict, screenshots: Path | None) -> tuple[bool, str]:
@@ -513,7 +525,7 @@ def check_page(root: Path, base: str, rel: str, contexts: dict, screenshots: Pat
     outside: set[str] = set()      # hosts it loads from other than the site
     failed: set[str] = set()       # site requests that failed (404 ...)
     page.on("pageerror", lambda e: errors.append(str(e)))
-    logged = console_errors(page)
+    logs = [console_errors(page)]           # filled as the pages log: read at the end
 
     def on_response(r):
         u = urlparse(r.url)
@@ -530,7 +542,16 @@ def check_page(root: Path, base: str, rel: str, contexts: dict, screenshots: Pat
 
     page.on("response", on_response)
     page.on("requestfailed", lambda r: urlparse(r.url).netloc != host and outside.add(urlparse(r.url).netloc))
-    _load(page, f"{base}/{rel}", must_have)
+    # every other width's page loads while this one is checked
+    others = []
+    for width, viewport, mobile in WIDTHS[1:]:
+        other = contexts[width].new_page()
+        logs.append(console_errors(other))
+        other.on("pageerror", lambda e: errors.append(str(e)))
+        _start(other, f"{base}/{rel}")
+        others.append((width, viewport, mobile, other))
+    _start(page, f"{base}/{rel}")
+    _finish(page, must_have)
     math = page.evaluate(MATH_PROBE)       # returns once MathJax has typeset the page
     drawn = page.evaluate(
         "() => Array.from(document.querySelectorAll('.js-plotly-plot'))"
@@ -569,11 +590,8 @@ def check_page(root: Path, base: str, rel: str, contexts: dict, screenshots: Pat
         problems.append("no mechanism map (a figure with layout.meta.mechanism_map)")
     found, geometry = layout_problems(page, WIDTHS[0][0], first=True)
     problems += found + drawer_problems(page, WIDTHS[0][0], phone=WIDTHS[0][2])
-    for width, viewport, mobile in WIDTHS[1:]:
-        narrow = contexts[width].new_page()
-        logged += console_errors(narrow)
-        narrow.on("pageerror", lambda e: errors.append(str(e)))
-        _load(narrow, f"{base}/{rel}", must_have)
+    for width, viewport, mobile, narrow in others:
+        _finish(narrow, must_have)
         narrow.evaluate(MATH_PROBE)
         found, line = layout_problems(narrow, width, first=False)
         problems += found
@@ -583,6 +601,7 @@ def check_page(root: Path, base: str, rel: str, contexts: dict, screenshots: Pat
             narrow.screenshot(path=str(screenshots / (rel.replace("/", "_") + f".{viewport['width']}.png")))
         problems += drawer_problems(narrow, width, phone=mobile)
         narrow.close()
+    logged = [m for log in logs for m in log]
     if logged:
         shown = " | ".join(m[:120] for m in sorted(set(logged))[:3])
         problems.append(f"{len(logged)} console error(s): {shown}")
