@@ -350,11 +350,11 @@ def _shown(items: list, n: int = 2) -> str:
     return " | ".join(str(i) for i in items[:n])
 
 
-def layout_problems(page, width: str, first: bool, screen: int | None = None) -> tuple[list[str], str]:
+def layout_problems(page, width: str, first: bool) -> tuple[list[str], str]:
     """What a reader at this width would meet (see ``GEOMETRY_PROBE``), and one line of the geometry
-    measured, for the log. ``screen``: the width the check set (default: the page's own); unlinked
-    references are checked at the first width only."""
-    screen = screen or page.viewport_size["width"]
+    measured, for the log, against the width the check set (the page's viewport); unlinked references
+    are checked at the first width only."""
+    screen = page.viewport_size["width"]
     narrow = screen < PHONE_PX
     got = page.evaluate(GEOMETRY_PROBE, [first])
     problems = []
@@ -503,12 +503,6 @@ def _finish(page, must_have: bool) -> None:
             page.wait_for_selector(".js-plotly-plot .main-svg", timeout=60_000)
         with contextlib.suppress(Exception):
             page.wait_for_function(LAID_OUT, timeout=60_000)
-
-
-def _load(page, url: str, must_have: bool) -> None:
-    """Open ``url`` and wait for it as a reader would (:func:`_finish`)."""
-    _start(page, url)
-    _finish(page, must_have)
 
 
 def check_page(root: Path, base: str, rel: str, contexts: dict, screenshots: Path | None) -> tuple[bool, str]:

@@ -27,7 +27,6 @@ import functools
 import hashlib
 import inspect
 import json
-import linecache
 import os
 import re
 import subprocess
@@ -115,17 +114,6 @@ def solution_markdown(ex) -> str:
     return f"<details>\n<summary>Solution</summary>\n\n```python\n{code}\n```\n\n</details>"
 
 
-def _define(ex, source: str):
-    """The function ``source`` defines, executed below the exercise's imports in a fresh namespace, as a
-    reader's cell would run it (Triton reads a kernel's source from its file: the code gets one)."""
-    code = f"{ex.imports}\n\n{source}"
-    filename = f"<exercises page: {ex.name}>"
-    linecache.cache[filename] = (len(code), None, code.splitlines(keepends=True), filename)
-    namespace: dict = {}
-    exec(compile(code, filename, "exec"), namespace)  # noqa: S102 - the book's own code
-    return namespace[ex.function_name]
-
-
 def _fn_name(fn) -> str:
     return getattr(getattr(fn, "fn", fn), "__name__", "")
 
@@ -143,11 +131,11 @@ def verdict(ch: str) -> dict:
                          f"exercise {name!r}")
     source = textwrap.dedent(inspect.getsource(getattr(wrong.fn, "fn", wrong.fn))).rstrip() + "\n"
     source = re.sub(rf"\bdef {re.escape(wrong_name)}\(", f"def {ex.function_name}(", source, count=1)
-    failed = exercises.check(ex.name, _define(ex, source)).message
+    failed = exercises.check(ex.name, ex.define(source)).message
     if failed != exercises.check(ex.name, wrong.fn).message:
         raise ValueError(f"VERDICT_EXAMPLES[{ch!r}]: {wrong_name}, run from its source, is not what the module "
                          "runs (does it call a helper?): pick a self-contained wrong answer")
-    passed = exercises.check(ex.name, _define(ex, ex.solution_source())).message
+    passed = exercises.check(ex.name, ex.define(ex.solution_source())).message
     if not (failed.startswith("✗") and passed.startswith("✓")):
         raise ValueError(f"chapter {ch}'s verdict example: expected a failure and a pass, got\n{failed}\n{passed}")
     number = [e.name for e in exercises.chapter(ch)].index(ex.name) + 1

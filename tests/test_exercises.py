@@ -26,21 +26,6 @@ ALL = exercises.all_exercises()
 IDS = [f"{e.chapter}:{e.name}" for e in ALL]
 
 
-def _from_source(ex: Exercise, source: str):
-    """The reader's function, defined by executing ``source`` below the exercise's imports."""
-    namespace: dict = {}
-    code = f"{ex.imports}\n\n{source}"
-    if "@triton.jit" in source:
-        # Triton reads a kernel's source from its file: give the executed code one.
-        import linecache
-        filename = f"<exercise {ex.name}>"
-        linecache.cache[filename] = (len(code), None, code.splitlines(keepends=True), filename)
-        exec(compile(code, filename, "exec"), namespace)  # noqa: S102 - the book's own solution
-    else:
-        exec(compile(code, f"<exercise {ex.name}>", "exec"), namespace)  # noqa: S102
-    return namespace[ex.function_name]
-
-
 @pytest.fixture(autouse=True)
 def _puzzles_need_the_interpreter(request):
     """The kernel puzzles run through Triton's interpreter, which must be on before triton is imported
@@ -57,7 +42,7 @@ def _flat(message: str) -> str:
 @pytest.mark.parametrize("ex", ALL, ids=IDS)
 @pytest.mark.parametrize("seed", [0, 1, 2, 3, 4])   # the seeds the labs are checked over
 def test_the_solution_the_book_shows_passes(ex, seed):
-    outcome = exercises.check(ex.name, _from_source(ex, ex.solution_source()), seed=seed)
+    outcome = exercises.check(ex.name, ex.define(ex.solution_source()), seed=seed)
     assert outcome.passed, outcome.message
 
 
@@ -74,7 +59,7 @@ def test_every_wrong_answer_fails_with_the_hint_written_for_it(ex, seed):
 
 @pytest.mark.parametrize("ex", ALL, ids=IDS)
 def test_the_stub_says_not_attempted(ex):
-    outcome = exercises.check(ex.name, _from_source(ex, ex.stub_source()))
+    outcome = exercises.check(ex.name, ex.define(ex.stub_source()))
     assert outcome.status == "not attempted", outcome.message
     assert "not attempted" in outcome.message and "Traceback" not in outcome.message
 

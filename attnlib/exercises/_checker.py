@@ -19,6 +19,7 @@ from __future__ import annotations
 import ast
 import copy
 import inspect
+import linecache
 import math
 import textwrap
 from collections.abc import Callable
@@ -85,6 +86,17 @@ class Exercise:
     def solution_source(self) -> str:
         """The solution as the reader sees it (a Triton kernel's decorator included)."""
         return textwrap.dedent(inspect.getsource(getattr(self.solution, "fn", self.solution))).rstrip() + "\n"
+
+    def define(self, source: str) -> Callable:
+        """The reader's function: ``source`` executed below the exercise's imports in a fresh namespace,
+        as a notebook cell would run it. The code gets a file name in ``linecache``, since Triton reads
+        a kernel's source from its file."""
+        code = f"{self.imports}\n\n{source}"
+        filename = f"<exercise {self.name}>"
+        linecache.cache[filename] = (len(code), None, code.splitlines(keepends=True), filename)
+        namespace: dict = {}
+        exec(compile(code, filename, "exec"), namespace)  # noqa: S102 - the book's own code
+        return namespace[self.function_name]
 
     def stub_source(self) -> str:
         """The code the reader starts from: ``stub``, or the solution's signature and docstring with
