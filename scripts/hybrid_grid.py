@@ -1,6 +1,8 @@
 """Chapter 7's hybrid grid: MQAR recall of 8-layer hybrids of softmax and Gated DeltaNet layers, at every
 ratio (all-linear, 7:1, 3:1, 1:1, all-softmax), several learning rates and seeds, with a learning curve
-per run, on two tasks -- one whose pairs fit in a layer's state and one whose pairs exceed it.
+per run, on two tasks: 8 pairs (``fits``, the lab's task) and 36 pairs (``exceeds``). The names are the
+experiment's; a Gated DeltaNet head of these models holds a 4 x 4 state, fewer key dimensions than either
+task has pairs, and ``exceeds`` also differs in length and values (see TASKS).
 
     python scripts/hybrid_grid.py                      # the whole grid (hours on one CPU core)
     python scripts/hybrid_grid.py --pilot              # calibrate the `exceeds` task first (all-softmax)
@@ -46,8 +48,8 @@ RESULTS = ROOT / "benchmarks" / "results"
 OUT = RESULTS / "hybrid_grid.json"
 PILOT_OUT = RESULTS / "hybrid_grid_pilot.json"
 
-# The lab's models (notebooks/07_landscape_lab.ipynb): 8 layers, 8 heads of width 4, so one linear
-# layer's state has 8 heads x 4 = 32 key dimensions in all.
+# The lab's models (notebooks/07_landscape_lab.ipynb): 8 layers, 8 heads of width 4, so each Gated
+# DeltaNet head holds a 4 x 4 state (four key dimensions), eight such heads to a layer.
 MODEL = dict(n_layers=8, d_model=32, n_heads=8, batch=16, chunk_size=32, linear_mixer="gated_deltanet",
              recipe="train_recall: AdamW (weight decay 0.01), gradient norm clipped at 1, 20 warm-up steps, "
                     "cosine decay to 0 at the task's budget; fresh batches every step")
@@ -57,8 +59,9 @@ N_SEEDS = 3
 BASE_SEED = 7700
 SEED_STRIDE = 100_003    # train_recall uses seed, seed + 1, 10_000 + seed, 20_000 + seed: runs never share a stream
 
-# `fits`: the lab's task. `exceeds`: 36 pairs, more than one layer's 32 key dimensions, so no single linear
-# layer's state holds them all as distinct (orthogonal) keys. T = 3 x pairs (every key asked once). The
+# `fits`: the lab's task. `exceeds`: 36 pairs from 16 values, T = 108 where `fits` has T = 24 (T = 3 x pairs:
+# every key asked once): pairs, length and values change together, and a 3:1 model's two softmax layers can
+# hold every pair, so the task does not isolate a state's capacity. The
 # task was calibrated by the pilot (--pilot, hybrid_grid_pilot.json; PILOT_TASKS): all-softmax must learn
 # it within the budget at some learning rate, or the task says nothing. With 64 keys and 64 values it did
 # not; with every key used (n_keys = n_pairs) and 16 values it did not within 450 steps either, so its

@@ -105,6 +105,16 @@ def test_check_prints_the_claim_and_its_numbers_when_it_holds(capsys):
     assert capsys.readouterr().out == "✓ rows sum to one  (max error 1.0e-13)\n"
 
 
+def test_check_names_the_independent_thing_after_its_numbers(capsys):
+    lab = setup(seed=0)
+    lab.check("model = count", True, "3072 FLOPs", against="torch's FLOP counter")
+    lab.check("model = count", True, against="torch's FLOP counter")
+    assert capsys.readouterr().out == ("✓ model = count  (3072 FLOPs; against torch's FLOP counter)\n"
+                                       "✓ model = count  (against torch's FLOP counter)\n")
+    with pytest.raises(TypeError, match="against must be a str"):
+        lab.check("model = count", True, against=1)
+
+
 def test_check_raises_with_the_numbers_when_the_claim_fails():
     lab = setup(seed=0)
     with pytest.raises(LabCheckFailed, match=r"✗ error below 0.1  \(measured 0.3\)"):

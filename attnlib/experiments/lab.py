@@ -100,7 +100,7 @@ class Lab:
         (distinct offsets give distinct seeds; distinct lab seeds give disjoint ranges)."""
         return self.seed * 100_003 + offset
 
-    def check(self, claim: str, condition, detail: str = "") -> None:
+    def check(self, claim: str, condition, detail: str = "", *, against: str = "") -> None:
         """A claim the page verifies against something independent, shown to the reader: prints
         ``✓ claim  (detail)`` when ``condition`` holds and raises :class:`LabCheckFailed` with the same
         text when it does not.
@@ -114,7 +114,17 @@ class Lab:
 
         ``detail`` carries the measured numbers (and the margin they are held to), so the page shows
         what was verified and by how much, not only that it passed. ``condition`` may be a Python or
-        NumPy bool, or a one-element tensor."""
+        NumPy bool, or a one-element tensor.
+
+        ``against`` names the independent thing when the code does not show it: when both sides of the
+        comparison come out of the library (one function's result, or one module's formulas, as a
+        measurement and the model it is held to often do), say what was measured, for instance
+        "torch's FLOP counter on the references". It is printed after the detail, and the labs' test
+        (``tests/test_lab_checks.py``) requires it wherever both sides trace to one library module."""
+        if not isinstance(against, str):
+            raise TypeError(f"check {claim!r}: against must be a str; got {type(against).__name__}")
+        if against:
+            detail = f"{detail}; against {against}" if detail else f"against {against}"
         self._mark("✓", "check", claim, condition, detail)
 
     def identity(self, claim: str, condition, detail: str = "") -> None:

@@ -411,7 +411,8 @@ class Mechanism:
     timed). ``adversary`` is ``(chapter 2's algorithm or None, what ran, why the adversary wins or does not
     apply)``; ``recall_rule`` the capacity experiment's rule that stands for it (None: none);
     ``capacity_note`` what its state keeps (``{dim}`` is filled in); ``recurrent`` whether it keeps a
-    ``d_k x d_v`` state per head."""
+    ``d_k x d_v`` state per head; ``measured_as`` names the member of the family that the exactness table
+    measured where it is not the mechanism itself (empty: the mechanism itself)."""
     name: str
     label: str
     prefill: Callable[[int, HeadConfig], Flops]
@@ -425,6 +426,7 @@ class Mechanism:
     count_decode: Callable[..., float] | None = None
     count_tolerance: Callable[[int, HeadConfig], float] | None = None
     decode_step: Callable[[Mapping[str, torch.Tensor]], Callable[[], object]] | None = None
+    measured_as: str = ""
 
 
 _NOT_SOFTMAX = "not an approximation of softmax: the adversary's error is undefined"
@@ -441,7 +443,7 @@ REGISTRY: dict[str, Mechanism] = {m.name: m for m in (
         _block_sparse_memory,
         adversary=("sliding_window", "chapter 2's sliding window (a band of sqrt(T) keys)",
                    "a fixed pattern: the needle goes outside the band"),
-        capacity_note="exact inside its band, nothing outside",
+        capacity_note="exact inside its band, nothing outside", measured_as="needle: a sliding window",
         count_prefill=_block_sparse_count_prefill, count_decode=partial(_cache_count_decode, band_keys)),
     Mechanism(
         "linear", "linear", _linear_prefill, _linear_decode, _state_memory,
@@ -449,7 +451,8 @@ REGISTRY: dict[str, Mechanism] = {m.name: m for m in (
                    "random features estimate the needle's weight with a variance that grows like e^M; other "
                    "feature maps approximate no softmax"),
         capacity_note="crosstalk (N-1)/d_k: degrades past N ~ d_k = {dim}", recall_rule="linear", recurrent=True,
-        count_prefill=_linear_count_prefill, count_decode=_linear_count_decode, decode_step=_linear_decode_step),
+        measured_as="needle: Performer; recall: Hebbian", count_prefill=_linear_count_prefill,
+        count_decode=_linear_count_decode, decode_step=_linear_decode_step),
     Mechanism(
         "delta", "DeltaNet", partial(_delta_prefill, False), partial(_delta_decode, False), _state_memory,
         adversary=(None, "", _NOT_SOFTMAX),
@@ -460,13 +463,15 @@ REGISTRY: dict[str, Mechanism] = {m.name: m for m in (
         "gated_delta", "Gated DeltaNet", partial(_delta_prefill, True), partial(_delta_decode, True), _state_memory,
         adversary=(None, "", _NOT_SOFTMAX),
         capacity_note="as the delta rule, with a decay (gate 1 here: no forgetting)", recall_rule="delta",
-        recurrent=True, count_prefill=partial(_delta_count_prefill, True),
-        count_decode=partial(_delta_count_decode, True), decode_step=_gated_delta_decode_step),
+        measured_as="recall: gate 1", recurrent=True,
+        count_prefill=partial(_delta_count_prefill, True), count_decode=partial(_delta_count_decode, True),
+        decode_step=_gated_delta_decode_step),
     Mechanism(
         "anna", "ANNA (LSH)", _anna_per_token, _anna_per_token, _anna_memory,
         adversary=("lsh", "chapter 2's angular-LSH buckets (Reformer-style rounds)",
                    "the needle sits across a hyperplane of every round"),
-        capacity_note="what shares a bucket with the query", count_prefill=_anna_count_prefill),
+        capacity_note="what shares a bucket with the query", measured_as="needle: LSH buckets",
+        count_prefill=_anna_count_prefill),
     Mechanism(
         "grassmann", "Grassmann", _grassmann_cost, _grassmann_cost, _grassmann_memory,
         adversary=(None, "", "no attention rows: it mixes fixed offsets, not a softmax over keys"),
@@ -481,7 +486,7 @@ REGISTRY: dict[str, Mechanism] = {m.name: m for m in (
     Mechanism(
         "hybrid", "hybrid (Gated DeltaNet + softmax)", _hybrid_prefill, _hybrid_decode, _hybrid_memory,
         adversary=(None, "", "its full layers are exact; its linear layers are not approximations of softmax"),
-        capacity_note="its full layers keep every pair"),
+        capacity_note="its full layers keep every pair", measured_as="MQAR: 3:1"),
 )}
 
 MECHANISMS = tuple(REGISTRY)
@@ -776,7 +781,8 @@ def exactness_table(errors: Mapping[str, float | None], pair_counts: Sequence[in
     rows = []
     for mech, record in REGISTRY.items():
         algo, ran, why = record.adversary
-        row = {"mechanism": record.label, "adversary": ran if algo else "n/a", "error": errors.get(mech), "why": why}
+        row = {"mechanism": record.label, "measured_as": record.measured_as, "adversary": ran if algo else "n/a",
+               "error": errors.get(mech), "why": why}
         r = record.recall_rule
         for regime in recall:
             for idx in (0, -1):

@@ -542,6 +542,9 @@ def decode_flops(T: int, config: dict = DEEPSEEK_V32, *, top_k: int | None = Non
 # its rotary key at the default dtype, which ``generate.py`` sets to bfloat16 (``kv_cache``, ``pe_cache``),
 # and the index key in FP8 (e4m3, ``k_cache``) with one float32 scale per 128 values (``k_scale_cache``).
 CACHE_BYTES = dict(latent=(512 + 64) * 2, index_key=128 * 1 + 4)
+# The layout DeepSeek's serving kernels read (FlashMLA's README, "FP8 with scale"): the 512 latent values in
+# FP8 e4m3 with one float32 scale per 128 of them, and the 64 rotary values in bf16 -- 656 bytes per token.
+CACHE_BYTES_FP8 = dict(latent=512 * 1 + 4 * 4 + 64 * 2, index_key=CACHE_BYTES["index_key"])
 
 
 def cache_bytes_per_token(cache: dict = CACHE_BYTES) -> dict[str, int]:
@@ -589,7 +592,10 @@ def cost_model_vs_figure(config: dict = DEEPSEEK_V32, figure: dict = DSA_COST_FI
     * ``decode_slope``: the same for decoding, by FLOPs (``mqa / indexer``, and at half price) and by
       bytes read (``bytes``: a bf16 latent row against an FP8 index key and its scale);
     * ``decode_offset``: how far V3.2's decode line starts above V3.1's, against the cost of reading ``k``
-      keys on V3.1's own line (``predicted``)."""
+      keys on V3.1's own line (``predicted``);
+    * ``decode_roofline``: the decode slope a roofline predicts (:func:`decode_slope_roofline`) with one
+      query per read of the cache (``one_query``) and with two (``two_queries``), and the arithmetic
+      intensities and ridges behind it."""
     c = per_pair_flops(config)
     k = config["index_topk"]
     pre, dec = figure["prefill"], figure["decode"]
@@ -605,7 +611,32 @@ def cost_model_vs_figure(config: dict = DEEPSEEK_V32, figure: dict = DSA_COST_FI
                              read=dec["V3.1-Terminus"]["slope"] / dec["V3.2-Exp"]["slope"]),
         "decode_offset": dict(predicted=k * per_token * dec["V3.1-Terminus"]["slope"],
                               read=dec["V3.2-Exp"]["at_0"] - dec["V3.1-Terminus"]["at_0"]),
+        "decode_roofline": decode_slope_roofline(config, cache),
     }
+
+
+def decode_slope_roofline(config: dict = DEEPSEEK_V32, cache: dict = CACHE_BYTES, *,
+                          roof=None) -> dict[str, float]:
+    """Dense decoding's cost per key over the indexer's, by the roofline of appendix A1: each side's time
+    per key is ``max(FLOPs / peak, bytes / (bandwidth x q))`` when ``q`` queries of one sequence share each
+    read of the cache (``q = 1``: plain decoding; ``q = 2``: one token drafted ahead, as multi-token
+    prediction does). Dense MLA runs at the bf16 peak on ``cache["latent"]`` bytes per key; the indexer at
+    the FP8 peak, twice the bf16 one on Hopper, on ``cache["index_key"]`` bytes. ``roof``: an
+    :class:`attnlib.experiments.roofline.Roof` (default the H100's datasheet ceilings)."""
+    from .roofline import PEAKS
+
+    roof = PEAKS["NVIDIA H100"] if roof is None else roof
+    c = per_pair_flops(config)
+    bf16, fp8, bw = roof.tflops * 1e12, 2 * roof.tflops * 1e12, roof.tb_per_s * 1e12
+
+    def ratio(q: int) -> float:
+        dense = max(c["mqa"] / bf16, cache["latent"] / (bw * q))
+        indexer = max(c["indexer"] / fp8, cache["index_key"] / (bw * q))
+        return dense / indexer
+
+    return dict(one_query=ratio(1), two_queries=ratio(2), device=roof.device,
+                dense_intensity=c["mqa"] / cache["latent"], indexer_intensity=c["indexer"] / cache["index_key"],
+                bf16_ridge=roof.ridge, fp8_ridge=2 * roof.ridge)
 
 
 __all__ = ["DEEPSEEK_V32", "restrict", "eot_plan_on_support", "transport_reading", "tight_values",
@@ -613,4 +644,5 @@ __all__ = ["DEEPSEEK_V32", "restrict", "eot_plan_on_support", "transport_reading
            "shared_selection_loss", "PlantedTask", "planted_task", "Indexer",
            "train_indexer", "recall", "recall_grid", "indexer_flops", "attention_flops", "topk_attention_flops",
            "mla_dims", "per_pair_flops", "break_even_length", "prefill_break_even", "decode_flops",
-           "CACHE_BYTES", "cache_bytes_per_token", "decode_bytes", "DSA_COST_FIGURE", "cost_model_vs_figure"]
+           "CACHE_BYTES", "CACHE_BYTES_FP8", "cache_bytes_per_token", "decode_bytes", "DSA_COST_FIGURE",
+           "cost_model_vs_figure", "decode_slope_roofline"]
