@@ -32,6 +32,18 @@ step's command, exit code, seconds and whether it was stopped) and ``results.tar
 (schema in ``benchmarks/_common.py``), test_gpu's cases with their measured errors, and the labs' times,
 each named ``<device>-<date>-<what>.json``.
 
+**Or let the ledger choose** what to run in one call (on the device, ``.whl`` carried)::
+
+    python3 scripts/gpu_session.py next --budget 540
+
+``next`` reads the ledger -- ``benchmarks/results/*-ledger.json``, one row per step a lent GPU ran: its
+fingerprint, exit code and seconds -- and runs, in :data:`LEDGER`'s order (correctness first, then speed
+against the anchors, then the labs at full scale), the steps not yet done for the present code that fit
+the budget, by each step's last measured time (:data:`ESTIMATE_S` before it has one). A step is done when
+a GPU ran it cleanly with the same fingerprint: the code it executes (every repository file, as the
+committed artifacts are stamped, ``attnlib._provenance``) and the torch and Triton it ran with. Each step
+adds its row to ``$OUT``'s ledger file as it ends. ``next --dry-run`` prints the plan and runs nothing.
+
 **Back here**::
 
     python scripts/gpu_session.py unpack PATH/results.tar
@@ -99,6 +111,23 @@ BENCH = {
     "grassmann": [],
 }
 LABS = {p.name.split("_")[0]: p for p in sorted((ROOT / "notebooks").glob("*_lab.ipynb"))}   # not the exercises
+
+# The ledger: every slice of the GPU work, in the order a lent GPU should spend its minutes on them --
+# every kernel against float64 (bf16 first, one family a slice), then each benchmark against its anchor
+# (fla for the chunked operators, SDPA for softmax), then each lab at full scale. Profiling the worst
+# ratio and tuning is left to a person with the numbers in hand.
+TEST_FAMILIES = ("softmax", "block_sparse", "linear or delta", "anna or grassmann or topk")
+LEDGER = (
+    *(f"tests:bfloat16 and ({family})" for family in TEST_FAMILIES),
+    "tests:not (bfloat16 and (" + " or ".join(TEST_FAMILIES) + "))",     # the rest: fp16, fp32, no dtype
+    "bench:linear", "bench:deltanet", "bench:attention", "bench:block_sparse",
+    "bench:topk", "bench:anna", "bench:grassmann",
+    *(f"labs:{name}" for name in LABS),
+)
+# Seconds a step is expected to take before a GPU has run it (a guess, replaced by the ledger's last
+# measured time for the step): the test slices and benchmarks include Triton's first-call compiling.
+ESTIMATE_S = {"tests": 150, "bench": 180, "labs": 180}
+INSTALL_S = 30           # installing the carried wheels, and reading the environment
 
 
 # --------------------------------------------------------------------------------------------------
@@ -188,7 +217,9 @@ def step_env(work: Path) -> dict:
     return env
 
 
-def run(args) -> int:
+def run(args, prints: dict[str, str] | None = None) -> int:
+    """Run ``args.steps`` within ``args.budget``; with ``prints`` (step -> fingerprint, from ``next``), add
+    each step's row to the ledger file in ``$OUT`` as it ends."""
     steps = parse_steps(args.steps)
     out = Path(args.out or os.environ.get("OUT") or ROOT / "_build" / "gpu_session")
     work = Path(args.work)
@@ -206,13 +237,31 @@ def run(args) -> int:
                 summary["steps"].append({"step": f"{kind}:{name}", "skipped": "budget spent"})
                 continue
             record = run_step(step_command(kind, name, work), env, log, left)
-            summary["steps"].append({"step": f"{kind}:{name}" if name else kind, **record})
+            label = f"{kind}:{name}" if name else kind
+            summary["steps"].append({"step": label, **record})
             collect(work, env, log)
+            if prints is not None:
+                write_ledger_row(work / "results", summary["environment"], label, prints.get(label), record)
             pack(work / "results", out, summary)
     bad = [s for s in summary["steps"] if s.get("rc") not in (0, None) or "skipped" in s or s.get("stopped")]
     print(f"{len(summary['steps']) - len(bad)} of {len(summary['steps'])} steps finished cleanly; "
           f"see {out / 'summary.json'}")
     return 1 if bad else 0
+
+
+def write_ledger_row(results: Path, environment: dict, step: str, print_: str | None, record: dict) -> Path:
+    """Append one step's row to this session's ledger file (``<device>-<date>-ledger.json``)."""
+    head = {k: environment.get(k) for k in ("device", "date", "versions")}
+    head["gpu"] = bool(environment.get("nvidia_smi"))          # nvidia-smi answered: a GPU ran the step
+    head["device"] = head["device"] or "unknown device"
+    head["date"] = head["date"] or time.strftime("%Y-%m-%d")
+    slug = re.sub(r"[^A-Za-z0-9]+", "-", head["device"]).strip("-").lower()
+    path = results / f"{slug}-{head['date']}-ledger.json"
+    doc = json.loads(path.read_text()) if path.exists() else {**head, "rows": []}
+    doc["rows"].append({"step": step, "fingerprint": print_, "rc": record["rc"], "seconds": record["seconds"],
+                        "stopped": record["stopped"]})
+    path.write_text(json.dumps(doc, indent=1) + "\n")
+    return path
 
 
 def describe_environment(env: dict, log) -> dict:
@@ -308,6 +357,121 @@ def junit_cases(xml_text: str) -> list[dict]:
         rows.append({"test": case.get("name"), "outcome": outcome,
                      "seconds": float(case.get("time") or 0), "message": message})
     return rows
+
+
+# --------------------------------------------------------------------------------------------------
+# The ledger: what has run on a GPU for the present code, and what to run next
+
+
+def step_inputs(step: str) -> list[Path]:
+    """The files whose code a step's result depends on: the test file or benchmark script and everything
+    of the repository it imports; for a lab, the notebook and every module of attnlib (its cells import
+    them as they go)."""
+    from attnlib import _provenance
+
+    kind, _, name = step.partition(":")
+    if kind == "tests":
+        return _provenance.closure(ROOT / "tests" / "test_gpu.py")
+    if kind == "bench":
+        return _provenance.closure(ROOT / "benchmarks" / f"{name}.py")
+    return [LABS[name], *sorted(_provenance.modules(("attnlib",)).values())]
+
+
+def fingerprint(step: str, versions: dict) -> str:
+    """What a step's result is a result of: the code of its files (comments and docstrings aside) and the
+    torch and Triton it runs with (their releases, without a local build tag)."""
+    import hashlib
+
+    from attnlib import _provenance
+
+    files = {}
+    for path in step_inputs(step):
+        rel = path.relative_to(ROOT).as_posix()
+        files[rel] = (_provenance.code_digest(path) if path.suffix == ".py"
+                      else hashlib.sha256(_notebook_code(path).encode()).hexdigest())
+    release = {k: str(versions.get(k, "-")).split("+")[0] for k in ("torch", "triton")}
+    blob = json.dumps({"step": step, "files": files, "versions": release}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def _notebook_code(path: Path) -> str:
+    """A notebook's code cells (what runs), not its prose or outputs."""
+    cells = json.loads(path.read_text())["cells"]
+    return "\n\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
+
+
+def ledger_rows(results: Path) -> list[dict]:
+    """Every row of every ledger file in ``results``, with the file's device."""
+    rows = []
+    for f in sorted(results.glob("*-ledger.json")):
+        doc = json.loads(f.read_text())
+        rows += [{"device": doc.get("device"), "gpu": doc.get("gpu"), **r} for r in doc.get("rows", [])]
+    return rows
+
+
+def _on_gpu(row: dict) -> bool:
+    """Whether a ledger row was made on a GPU (its file says so: a rehearsal on a CPU writes rows too)."""
+    return row.get("gpu") is True
+
+
+def plan_next(budget: float, rows: list[dict], prints: dict[str, str]) -> dict:
+    """The steps of :data:`LEDGER` to run in ``budget`` seconds: not done for the present code (no clean
+    GPU row with the step's fingerprint in ``prints``), in the ledger's order, each taken when its
+    estimate fits what is left (a step too long for the rest is passed over, not waited for). Returns
+    ``{"steps", "estimates", "done", "passed_over"}``."""
+    done = {r["step"] for r in rows if _on_gpu(r) and r.get("rc") == 0 and not r.get("stopped")
+            and r.get("fingerprint") == prints.get(r["step"])}
+    estimates = {}
+    for step in LEDGER:
+        measured = [r["seconds"] for r in rows if r["step"] == step and _on_gpu(r) and not r.get("stopped")
+                    and r.get("seconds") is not None]
+        estimates[step] = measured[-1] if measured else ESTIMATE_S[step.partition(":")[0]]
+    left = budget - MARGIN_S - INSTALL_S
+    chosen, passed_over = [], []
+    for step in LEDGER:
+        if step in done:
+            continue
+        if estimates[step] <= left:
+            chosen.append(step)
+            left -= estimates[step]
+        else:
+            passed_over.append(step)
+    return {"steps": chosen, "estimates": estimates, "done": sorted(done, key=LEDGER.index),
+            "passed_over": passed_over}
+
+
+def next_steps(args) -> int:
+    """``next``: plan from the ledger, print the plan, and (unless ``--dry-run``) run it as ``run`` does,
+    each step's ledger row written as it ends."""
+    results = Path(args.results)
+    versions = _installed_versions()
+    prints = {step: fingerprint(step, versions) for step in LEDGER}
+    plan = plan_next(args.budget, ledger_rows(results), prints)
+    print(f"ledger: {len(plan['done'])} of {len(LEDGER)} steps done for the present code "
+          f"(torch {versions.get('torch')}, triton {versions.get('triton')})")
+    for step in plan["steps"]:
+        print(f"  next  {step:<50s} ~{plan['estimates'][step]:.0f} s")
+    for step in plan["passed_over"]:
+        print(f"  later {step:<50s} ~{plan['estimates'][step]:.0f} s (does not fit)")
+    if not plan["steps"] and not plan["passed_over"]:
+        print("every step is done for the present code; what is left is profiling the worst ratio, by hand")
+    if args.dry_run or not plan["steps"]:
+        return 0
+    args.steps = plan["steps"]
+    return run(args, prints=prints)
+
+
+def _installed_versions() -> dict:
+    """torch and Triton as installed for the steps (the carried site first), read without importing them."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    for pkg in ("torch", "triton"):
+        try:
+            out[pkg] = version(pkg)
+        except PackageNotFoundError:
+            out[pkg] = "-"
+    return out
 
 
 # --------------------------------------------------------------------------------------------------
@@ -414,6 +578,12 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--budget", type=float, default=540, help="seconds for the whole call")
     r.add_argument("--out", default=None, help="default: $OUT")
     r.add_argument("--work", default="/tmp/gpu_session", help="scratch directory for the steps")
+    nx = sub.add_parser("next", help="on the device: the ledger's next steps that fit the budget")
+    nx.add_argument("--budget", type=float, default=540, help="seconds for the whole call")
+    nx.add_argument("--out", default=None, help="default: $OUT")
+    nx.add_argument("--work", default="/tmp/gpu_session", help="scratch directory for the steps")
+    nx.add_argument("--results", default=str(ROOT / "benchmarks" / "results"), help="where the ledger is")
+    nx.add_argument("--dry-run", action="store_true", help="print the plan, run nothing")
     u = sub.add_parser("unpack", help="here: a run's results.tar into benchmarks/results/")
     u.add_argument("tar", type=Path)
     u.add_argument("--dest", type=Path, default=ROOT / "benchmarks" / "results")
@@ -427,6 +597,8 @@ def main(argv: list[str] | None = None) -> int:
         return download_wheels()
     if args.command == "run":
         return run(args)
+    if args.command == "next":
+        return next_steps(args)
     if args.command == "unpack":
         return unpack(args.tar, args.dest)
     if args.command == "_lab":

@@ -28,6 +28,14 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 from attnlib.metrics import rel_rms  # noqa: E402  (the tolerance measure used throughout)
 
 
+def pytest_make_parametrize_id(config, val, argname):
+    # A dtype parameter is named by its dtype ("bfloat16", not "dtype1"), so that `-k bfloat16` selects
+    # the bf16 cases (scripts/gpu_session.py slices the GPU tests that way).
+    if isinstance(val, torch.dtype):
+        return str(val).removeprefix("torch.")
+    return None
+
+
 def pytest_collection_finish(session):
     # Every test module is imported now. One that imports the compile machinery (benchmarks.kernel_report
     # switches the interpreter off for its process) would leave the kernels defined for the interpreter

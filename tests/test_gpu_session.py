@@ -13,6 +13,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+import torch
 
 from benchmarks import _common
 
@@ -133,20 +134,101 @@ def test_unpack_merges_rows_of_one_device_and_refuses_another(tmp_path):
         gs.unpack(_tar(tmp_path / "c.tar", {"x-labs.json": other}), dest)
 
 
-def test_rehearsal_on_cpu_packs_the_gpu_tests_outcomes(tmp_path):
-    out, work = tmp_path / "out", tmp_path / "work"
+# --- the ledger: `next` -----------------------------------------------------------------------------
+
+GPU = "NVIDIA H200"
+ON_GPU = {"device": GPU, "gpu": True}
+
+
+def _row(step, fingerprint, rc=0, seconds=60.0, stopped=False):
+    return {"step": step, "fingerprint": fingerprint, "rc": rc, "seconds": seconds, "stopped": stopped}
+
+
+def test_the_ledger_holds_every_benchmark_and_lab_after_the_gpu_tests():
+    steps = [gs.parse_steps([s])[0] for s in gs.LEDGER]               # each is a step `run` accepts
+    assert [n for k, n in steps if k == "bench"] == list(gs.BENCH)
+    assert [n for k, n in steps if k == "labs"] == list(gs.LABS)
+    kinds = [k for k, _ in steps]
+    assert kinds == sorted(kinds, key=["tests", "bench", "labs"].index)   # correctness, speed, labs
+    assert kinds.count("tests") == len(gs.TEST_FAMILIES) + 1 and "bfloat16" in gs.LEDGER[0]
+
+
+def test_a_dtype_parameter_is_named_by_its_dtype_so_that_k_selects_it():
+    from tests.conftest import pytest_make_parametrize_id
+
+    assert pytest_make_parametrize_id(None, torch.bfloat16, "dtype") == "bfloat16"
+    assert pytest_make_parametrize_id(None, 3, "T") is None
+
+
+def test_next_runs_what_a_gpu_has_not_done_for_this_code_in_order_and_within_the_budget():
+    prints = {step: f"fp-{i}" for i, step in enumerate(gs.LEDGER)}
+    first, second, third = gs.LEDGER[:3]
+    rows = [
+        {**ON_GPU, **_row(first, prints[first])},                               # done
+        {**ON_GPU, **_row(second, "an older code", seconds=400.0)},              # other code: not done
+        {"device": "x86-64", "gpu": False, **_row(third, prints[third])},        # a rehearsal: not done
+        {**ON_GPU, **_row(gs.LEDGER[3], prints[gs.LEDGER[3]], rc=1)},            # failed: not done
+        {**ON_GPU, **_row(gs.LEDGER[4], prints[gs.LEDGER[4]], stopped=True)},    # cut short: not done
+    ]
+    plan = gs.plan_next(600, rows, prints)
+    assert plan["done"] == [first]
+    assert plan["estimates"][second] == 400.0                    # the last time a GPU ran it
+    assert plan["estimates"][third] == gs.ESTIMATE_S["tests"]    # CPU times are no estimate
+    # 600 s less the margins leaves 555: the 400-s step fits first, then one 150-s step does not
+    assert plan["steps"] == [second, third][: 1 + (400 + 150 <= 600 - gs.MARGIN_S - gs.INSTALL_S)]
+    assert plan["passed_over"][0] in gs.LEDGER[2:]
+    everything = [{**ON_GPU, **_row(s, prints[s])} for s in gs.LEDGER]
+    assert gs.plan_next(600, everything, prints)["steps"] == []
+
+
+def test_a_step_longer_than_the_rest_of_the_budget_is_passed_over_for_a_later_one_that_fits():
+    prints = {step: "fp" for step in gs.LEDGER}
+    rows = [{**ON_GPU, **_row(gs.LEDGER[0], "old", seconds=500.0)}]
+    plan = gs.plan_next(300, rows, prints)
+    assert gs.LEDGER[0] in plan["passed_over"] and plan["steps"][0] == gs.LEDGER[1]
+
+
+def test_the_fingerprint_follows_code_and_versions_not_comments_or_build_tags(tmp_path, monkeypatch):
+    code = tmp_path / "step.py"
+    monkeypatch.setattr(gs, "ROOT", tmp_path)
+    monkeypatch.setattr(gs, "step_inputs", lambda step: [code])
+    code.write_text("def f():\n    return 1\n")
+    base = gs.fingerprint("bench:x", {"torch": "2.9.0", "triton": "3.6.0"})
+    assert gs.fingerprint("bench:x", {"torch": "2.9.0+cu130", "triton": "3.6.0"}) == base
+    assert gs.fingerprint("bench:x", {"torch": "2.9.0", "triton": "3.5.1"}) != base
+    code.write_text("def f():\n    # why\n    return 1\n")
+    assert gs.fingerprint("bench:x", {"torch": "2.9.0", "triton": "3.6.0"}) == base
+    code.write_text("def f():\n    return 2\n")
+    assert gs.fingerprint("bench:x", {"torch": "2.9.0", "triton": "3.6.0"}) != base
+
+
+def test_rehearsal_of_next_on_cpu_runs_the_undone_steps_and_writes_their_ledger_rows(tmp_path):
+    """A fake device's ledger says every step is done but one test slice and one benchmark; `next` on this
+    CPU runs exactly those (the GPU tests skip), packs their results and their ledger rows, and rows made
+    on a CPU never mark a step done."""
+    versions = gs._installed_versions()
+    prints = {step: gs.fingerprint(step, versions) for step in gs.LEDGER}
+    todo = [gs.LEDGER[0], "bench:linear"]
+    results, out, work = tmp_path / "results", tmp_path / "out", tmp_path / "work"
+    results.mkdir()
+    (results / "nvidia-h200-2026-12-01-ledger.json").write_text(json.dumps(
+        {"device": GPU, "gpu": True, "date": "2026-12-01", "versions": versions,
+         "rows": [_row(s, prints[s]) for s in gs.LEDGER if s not in todo]}))
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_session.py"), "run", "tests:softmax",
-                           "bench:linear", "--budget", "240", "--out", str(out), "--work", str(work)],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    cmd = [sys.executable, str(ROOT / "scripts" / "gpu_session.py"), "next", "--budget", "600",
+           "--results", str(results), "--out", str(out), "--work", str(work)]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     summary = json.loads((out / "summary.json").read_text())
-    assert [s["step"] for s in summary["steps"]] == ["tests:softmax", "bench:linear"]
+    assert [s["step"] for s in summary["steps"]] == todo
     assert all(s["rc"] == 0 and not s["stopped"] for s in summary["steps"])
-    assert summary["environment"]["versions"]["torch"]
     with tarfile.open(out / "results.tar") as tar:
-        (member,) = [m for m in tar.getmembers() if m.name.endswith("-test_gpu.json")]
-        report = json.load(tar.extractfile(member))
-    assert report["rows"] and {r["outcome"] for r in report["rows"]} == {"skipped"}
-    assert all("softmax" in r["test"] for r in report["rows"])
-    assert sorted(p.name for p in out.iterdir()) == ["results.tar", "session.log", "summary.json"]
+        docs = {m.name: json.load(tar.extractfile(m)) for m in tar.getmembers()}
+    (ledger,) = [d for n, d in docs.items() if n.endswith("-ledger.json")]
+    assert [(r["step"], r["fingerprint"], r["rc"]) for r in ledger["rows"]] == [(s, prints[s], 0) for s in todo]
+    (tests,) = [d for n, d in docs.items() if n.endswith("-test_gpu.json")]
+    assert tests["rows"] and all("bfloat16" in r["test"] and r["outcome"] == "skipped" for r in tests["rows"])
+    gs.unpack(out / "results.tar", results)
+    again = subprocess.run(cmd + ["--dry-run"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    planned = [line.split(None, 1)[1] for line in again.stdout.splitlines() if line.strip().startswith("next")]
+    assert planned and planned[0].startswith(todo[0]), again.stdout        # a CPU's rows count for nothing
