@@ -195,7 +195,8 @@ def notebook(ch: str) -> tuple[Path, dict]:
              _cell("markdown", verdict_markdown(verdicts()[ch]), f"{stem}:verdicts"),
              _cell("code", setup_source(interpret=ch == "A"), f"{stem}:setup")]
     for n, ex in enumerate(exercises.chapter(ch), start=1):
-        cells += [_cell("markdown", f"## {n}. {ex.title}\n\n{ex.statement}", f"{stem}:{ex.name}:statement"),
+        statement = f"## {n}. {ex.title}\n\n{ex.statement}\n\n*What is checked.* {ex.promises()}"
+        cells += [_cell("markdown", statement, f"{stem}:{ex.name}:statement"),
                   _cell("code", exercise_cell(ex), f"{stem}:{ex.name}:stub"),
                   _cell("markdown", solution_markdown(ex), f"{stem}:{ex.name}:solution")]
     nb = {"cells": cells,

@@ -233,3 +233,100 @@ def test_an_exercises_page_shows_a_folded_verdict_before_its_exercises(page):
     assert f"def {ex.function_name}(" in source and f'lab.exercise("{name}", {ex.function_name})' in fold
     assert failed.startswith(f"✗ {name}: wrong on input") and wrong[0].shows.lower() in _flat(failed), failed
     assert passed.startswith(f"✓ {name}: right on all"), passed
+
+
+# --- what the statement lets vary, and the promises the checker keeps ---------------------------------
+# These reason from each exercise's declared freedoms and promises, not from the wrong answers written for
+# it: an answer of a known kind of mistake, made here from the solution, must fail.
+
+def _tensor_args(case: Case) -> list[int]:
+    return [i for i, a in enumerate(case.args) if isinstance(a, torch.Tensor) and a.numel()]
+
+
+@pytest.mark.parametrize("ex", ALL, ids=IDS)
+def test_every_freedom_the_statement_gives_is_exercised_by_an_input(ex):
+    assert ex.freedoms, f"{ex.name}: no freedoms listed (what may its inputs vary in?)"
+    for seed in (0, 3):
+        cases = ex.cases(torch.Generator().manual_seed(seed))
+        missing = [f.name for f in ex.freedoms if not any(f.present(c) for c in cases)]
+        assert not missing, f"{ex.name} (seed {seed}): no input exercises {missing}"
+
+
+def _writes_into_its_first_input(fn):
+    def answer(*args):
+        out = fn(*args)
+        tensors = [a for a in args if isinstance(a, torch.Tensor) and a.numel()]
+        first = next((a for a in tensors if a.is_floating_point()), tensors[0] if tensors else None)
+        if first is not None:                         # a reader's in-place update of an input
+            first.logical_not_() if first.dtype == torch.bool else first.add_(1)
+        return out
+    return answer
+
+
+def _takes_tensors(ex: Exercise) -> bool:
+    return any(_tensor_args(c) for c in ex.cases(torch.Generator().manual_seed(0)))
+
+
+# A kernel puzzle's device function sees only tiles its harness loaded, so it cannot reach the inputs.
+@pytest.mark.parametrize("ex", [e for e in ALL if not e.may_write_inputs and e.harness is None and _takes_tensors(e)],
+                         ids=lambda e: e.name)
+def test_an_answer_that_changes_an_input_fails(ex):
+    outcome = exercises.check(ex.name, _writes_into_its_first_input(ex.solution), seed=0)
+    assert outcome.status == "failed" and "in place" in outcome.message, outcome.message
+
+
+def _in_another_dtype(fn):
+    def answer(*args):
+        out = fn(*args)
+        def cast(t):
+            if isinstance(t, torch.Tensor) and t.is_floating_point():
+                return t.to(torch.float32 if t.dtype != torch.float32 else torch.float64)
+            if isinstance(t, torch.Tensor):
+                return t.to(torch.int32 if t.dtype != torch.int32 else torch.int64)
+            return t
+        return tuple(cast(t) for t in out) if isinstance(out, tuple) else cast(out)
+    return answer
+
+
+@pytest.mark.parametrize("ex", [e for e in ALL if e.out_dtype is not None], ids=lambda e: e.name)
+def test_an_answer_in_another_dtype_fails_where_the_statement_fixes_it(ex):
+    outcome = exercises.check(ex.name, _in_another_dtype(ex.solution), seed=0)
+    assert outcome.status == "failed" and "dtype" in outcome.message, outcome.message
+
+
+@pytest.mark.parametrize("ex", [e for e in ALL if e.fresh_output], ids=lambda e: e.name)
+def test_an_answer_that_returns_its_input_fails_where_the_statement_asks_for_a_new_tensor(ex):
+    def answer(*args):
+        out = fn(*args)
+        leaves = list(out) if isinstance(out, tuple) else [out]
+        for j, t in enumerate(leaves):
+            same = next((a for a in args if isinstance(a, torch.Tensor) and a.shape == getattr(t, "shape", None)
+                         and a.dtype == t.dtype), None)
+            if same is not None:
+                same.copy_(t)                             # written into the input, and the input returned
+                leaves[j] = same
+                break
+        return tuple(leaves) if isinstance(out, tuple) else leaves[0]
+    fn = ex.solution
+    outcome = exercises.check(ex.name, answer, seed=0)
+    assert outcome.status == "failed", outcome.message
+
+
+def test_a_mistake_no_hint_is_about_is_told_where_it_differs_not_given_a_hint():
+    """An answer off by a small relative amount everywhere is not any input's special case: the checker
+    names the entries that differ, the first one with both values, and gives no hint."""
+    ex = exercises.get("softmax from the dual")
+
+    def answer(*args):
+        return ex.solution(*args) * 1.01
+    outcome = exercises.check(ex.name, answer, seed=0)
+    assert outcome.status == "failed"
+    assert "where:" in outcome.message and "hint:" not in outcome.message, outcome.message
+    assert re.search(r"\d+ of \d+ entries differ; first at \[", outcome.message), outcome.message
+
+
+@pytest.mark.parametrize("ex", ALL, ids=IDS)
+def test_the_page_says_what_is_checked_and_what_is_not(ex):
+    text = ex.promises()
+    assert "leaves its inputs unchanged" in text or ex.may_write_inputs
+    assert "does not check how you computed" in text

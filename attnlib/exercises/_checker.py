@@ -65,6 +65,16 @@ class Wrong:
 
 
 @dataclass(frozen=True)
+class Freedom:
+    """Something the statement lets vary, and a test on a case saying whether its inputs exercise it
+    (``present(case) -> bool``). Every freedom an exercise lists must be exercised by one of its cases:
+    an answer that ignores it then meets an input it gets wrong."""
+
+    name: str                  # in the statement's words: "D ≠ Dv with no initial state"
+    present: Callable[[Case], bool]
+
+
+@dataclass(frozen=True)
 class Exercise:
     name: str                  # what the reader passes to lab.exercise, e.g. "softmax from the dual"
     chapter: str               # "1" .. "7", or "A" for the appendix's kernel puzzles
@@ -78,6 +88,12 @@ class Exercise:
     stub: str = ""             # the reader's starting code; default: the solution's signature and docstring
     harness: Callable[[Callable], Callable] | None = None   # turns the reader's answer into the callable
     #                            run on each case's args (a kernel puzzle: launches the reader's @triton.jit)
+    freedoms: tuple[Freedom, ...] = ()   # what the statement lets vary, each exercised by some case
+    out_dtype: str | torch.dtype | None = None   # "input": every output tensor in the first floating input's
+    #                            dtype; a dtype: that one; None: the dtype is not part of the answer
+    fresh_output: bool = False # the statement asks for new tensors: an output may not share an input's memory
+    may_write_inputs: bool = False   # the statement lets the function write into its inputs (a kernel's
+    #                            output buffer); otherwise every input must come back unchanged
 
     @property
     def function_name(self) -> str:
@@ -97,6 +113,31 @@ class Exercise:
         namespace: dict = {}
         exec(compile(code, filename, "exec"), namespace)  # noqa: S102 - the book's own code
         return namespace[self.function_name]
+
+    def argument_names(self) -> list[str]:
+        """The names of the reader's function's arguments (for messages about an input)."""
+        try:
+            return list(inspect.signature(getattr(self.solution, "fn", self.solution)).parameters)
+        except (TypeError, ValueError):
+            return []
+
+    def promises(self, generator: torch.Generator | None = None) -> str:
+        """What the checker checks and what it does not, in a sentence for the exercises page."""
+        cases = self.cases(generator if generator is not None else torch.Generator().manual_seed(0))
+        checked = [f"your outputs on {len(cases)} inputs"]
+        if self.freedoms:
+            checked[0] += " (among them " + "; ".join(f.name for f in self.freedoms) + ")"
+        if not self.may_write_inputs:
+            checked.append("that your function leaves its inputs unchanged")
+        if self.fresh_output:
+            checked.append("that it returns new tensors, not its inputs")
+        if self.out_dtype == "input":
+            checked.append("that its outputs are in the inputs' dtype")
+        elif isinstance(self.out_dtype, torch.dtype):
+            checked.append(f"that its outputs are {str(self.out_dtype).replace('torch.', '')}")
+        listed = ", ".join(checked[:-1]) + (" and " if len(checked) > 1 else "") + checked[-1]
+        return (f"The checker checks {listed}. It does not check how you computed them: a rule the "
+                "statement sets on the method is yours to keep.")
 
     def stub_source(self) -> str:
         """The code the reader starts from: ``stub``, or the solution's signature and docstring with
@@ -244,12 +285,131 @@ def _clone(args: tuple) -> tuple:
     return tuple(a.clone() if isinstance(a, torch.Tensor) else copy.deepcopy(a) for a in args)
 
 
+def _same_tensor_values(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return (a.shape == b.shape and a.dtype == b.dtype
+            and bool(torch.equal(a.nan_to_num(0.0, 1.0, -1.0), b.nan_to_num(0.0, 1.0, -1.0))
+                     and torch.equal(a.isnan(), b.isnan())) if a.is_floating_point() else torch.equal(a, b))
+
+
+def _arg_name(ex: Exercise, i: int) -> str:
+    names = ex.argument_names() if ex.harness is None else []
+    return f"`{names[i]}`" if i < len(names) else f"input {i + 1}"
+
+
+def changed_inputs(ex: Exercise, original: tuple, given: tuple) -> list[str]:
+    """The arguments the reader's function changed (tensors compared value by value)."""
+    return [_arg_name(ex, i) for i, (a, b) in enumerate(zip(original, given))
+            if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and not _same_tensor_values(a, b)]
+
+
+def aliased_inputs(ex: Exercise, got, given: tuple) -> list[str]:
+    """The arguments whose memory an output shares (the input itself, or a view of it)."""
+    outs = [t for t in _leaves(got) if isinstance(t, torch.Tensor) and t.numel()]
+    found = []
+    for i, a in enumerate(given):
+        if isinstance(a, torch.Tensor) and a.numel():
+            ptr = a.untyped_storage().data_ptr()
+            if any(t.untyped_storage().data_ptr() == ptr for t in outs):
+                found.append(_arg_name(ex, i))
+    return found
+
+
+def wrong_dtype(ex: Exercise, got, case: Case) -> str | None:
+    """What is wrong with the outputs' dtypes, where the statement fixes them (``ex.out_dtype``)."""
+    if ex.out_dtype is None:
+        return None
+    if ex.out_dtype == "input":
+        want = next((a.dtype for a in case.args if isinstance(a, torch.Tensor) and a.is_floating_point()), None)
+        why = " (the inputs')"
+    else:
+        want, why = ex.out_dtype, ""
+    for i, g in enumerate(_leaves(got)):
+        if isinstance(g, torch.Tensor) and want is not None and g.dtype != want:
+            which = f"output {i}: " if len(_leaves(got)) > 1 else ""
+            return (f"{which}expected dtype {str(want).replace('torch.', '')}{why}, got "
+                    f"{str(g.dtype).replace('torch.', '')}")
+    return None
+
+
+def where_it_differs(got, expected, tol: float) -> str:
+    """Where ``got`` differs from ``expected``: how many entries, the first one (its index, both values and
+    the signed error) and, for a tensor of two or more dimensions, the indices along the last-but-one
+    dimension (rows, positions, time steps) that differ. Empty when it cannot say."""
+    parts = []
+    for i, (w, g) in enumerate(zip(_leaves(expected), _leaves(got))):
+        wt, gt = _as_tensor(w), _as_tensor(g)
+        if wt is None or gt is None or wt.numel() != gt.numel() or wt.numel() == 0:
+            continue
+        e = wt.detach().to(torch.float64).cpu()
+        x = gt.detach().to(torch.float64).cpu().reshape(e.shape)
+        scale = e[torch.isfinite(e)].abs().pow(2).mean().sqrt().item() if torch.isfinite(e).any() else 1.0
+        bad = ~((x == e) | (x - e).abs().le(max(tol, 1e-12) * max(scale, 1e-300))) | (x.isnan() ^ e.isnan())
+        bad &= ~(x.isnan() & e.isnan())
+        n = int(bad.sum())
+        if n == 0:
+            continue
+        which = f"output {i}: " if len(_leaves(expected)) > 1 else ""
+        first = [int(j) for j in torch.nonzero(bad)[0]] if e.dim() else []
+        ev, xv = e[tuple(first)].item(), x[tuple(first)].item()
+        at = f"[{', '.join(map(str, first))}]" if first else ""
+        text = (f"{which}{n} of {e.numel()} entries differ; first{(' at ' + at) if at else ''}: "
+                f"expected {ev:.6g}, got {xv:.6g}")
+        if math.isfinite(ev) and math.isfinite(xv):
+            text += f" ({xv - ev:+.3g})"
+            if f"{ev:.6g}" == f"{xv:.6g}":
+                text += f"; to the last bit: {ev!r} against {xv!r}"
+        if e.dim() >= 2:
+            rows = torch.nonzero(bad.reshape(-1, *e.shape[-2:]).any(0).any(-1)).flatten().tolist()
+            text += f"; along dim {e.dim() - 2} (size {e.shape[-2]}): {_ranges(rows)}"
+        parts.append(text)
+    return "; ".join(parts)
+
+
+def _ranges(idx: list[int]) -> str:
+    """``[0, 1, 2, 5, 7, 8]`` as ``0..2, 5, 7..8``."""
+    out, start = [], None
+    for j, v in enumerate(idx):
+        if start is None:
+            start = v
+        if j + 1 == len(idx) or idx[j + 1] != v + 1:
+            out.append(f"{start}..{v}" if v > start else f"{v}")
+            start = None
+    return ", ".join(out[:6]) + (", ..." if len(out) > 6 else "")
+
+
 def _lines(*parts: str) -> str:
     out = []
     for p in parts:
         if p:
             out.extend(textwrap.wrap(p, WIDTH, subsequent_indent="    ", break_on_hyphens=False) or [""])
     return "\n".join(out)
+
+
+def _verdict(ex: Exercise, call: Callable, case: Case):
+    """``(problem or None, output, error)`` of the reader's function on one case: the value against the
+    answer (or the judge), the inputs left unchanged, outputs apart from the inputs, the dtype."""
+    given = _clone(case.args)
+    try:
+        got = call(*given)
+    except NotImplementedError:
+        raise
+    except Exception as e:  # noqa: BLE001 - the reader's error is the report
+        return f"raised {type(e).__name__}: {e}", None, e
+    if got is None:
+        return "returned None (a missing `return`?)", None, None
+    if not ex.may_write_inputs:
+        changed = changed_inputs(ex, case.args, given)
+        if changed:
+            return (f"changed its input {', '.join(changed)} in place; the statement asks for a result, "
+                    "not an edit of the inputs"), got, None
+    if ex.fresh_output:
+        shared = aliased_inputs(ex, got, given)
+        if shared:
+            return f"returned {', '.join(shared)} itself (or a view of it); return a new tensor", got, None
+    problem = case.judge(got) if case.judge is not None else compare(got, case)
+    if problem is None:
+        problem = wrong_dtype(ex, got, case)
+    return problem, got, None
 
 
 def run(ex: Exercise, fn: Callable, generator: torch.Generator) -> Outcome:
@@ -261,31 +421,43 @@ def run(ex: Exercise, fn: Callable, generator: torch.Generator) -> Outcome:
     tried: list[str] = []
     for n, case in enumerate(cases, start=1):
         try:
-            got = call(*_clone(case.args))
+            problem, got, error = _verdict(ex, call, case)
         except NotImplementedError:
             return Outcome(ex.name, "not attempted", tried, _lines(
                 f"· {ex.name}: not attempted yet (fill in {ex.function_name})"))
-        except Exception as e:  # noqa: BLE001 - the reader's error is the report
-            # a name the code never defined is not what this input's hint is about
-            return _failed(ex, case, n, len(cases), tried, f"raised {type(e).__name__}: {e}", None,
-                           with_hint=not isinstance(e, (NameError, ImportError)))
-        if got is None:
-            problem = "returned None (a missing `return`?)"
-        elif case.judge is not None:
-            problem = case.judge(got)
-        else:
-            problem = compare(got, case)
         if problem:
-            return _failed(ex, case, n, len(cases), tried, problem, got)
+            return _failed(ex, call, cases, case, n, tried, problem, got, error)
         tried.append(case.label)
     head = f"✓ {ex.name}: right on all {len(cases)} inputs"
     return Outcome(ex.name, "passed", tried, _lines(head, f"  ({'; '.join(tried)})"))
 
 
-def _failed(ex: Exercise, case: Case, n: int, total: int, tried: list[str], problem: str, got,
-            with_hint: bool = True) -> Outcome:
-    hint = case.hint if with_hint else ""
-    if got is not None and case.judge is None:
+def _wrong_elsewhere(ex: Exercise, call: Callable, cases: list[Case], case: Case) -> bool:
+    """Whether the reader's function also fails a plain input (one that carries no hint, so is about no
+    special case), or fails every input: then its mistake is not the one ``case``'s hint names."""
+    failures = 0
+    for other in cases:
+        if other is case:
+            failures += 1
+            continue
+        try:
+            problem, _, _ = _verdict(ex, call, other)
+        except Exception:  # noqa: BLE001 - NotImplementedError half-way through: wrong elsewhere too
+            return True
+        if problem and not other.hint:
+            return True
+        failures += bool(problem)
+    return failures == len(cases)
+
+
+def _failed(ex: Exercise, call: Callable, cases: list[Case], case: Case, n: int, tried: list[str],
+            problem: str, got, error: BaseException | None) -> Outcome:
+    """The report of the first failure: the input, what is wrong, the answer and what came back, and a
+    hint only where the mistake is recognised -- a diagnosis that matches it, or the input's own hint
+    when the function fails nowhere but on inputs of that kind. Otherwise, where the values differ."""
+    hint = ""
+    compared = got is not None and case.judge is None
+    if compared:
         for predicate, text in ex.diagnose:
             try:
                 hit = predicate(got, case.expected, case)
@@ -294,9 +466,17 @@ def _failed(ex: Exercise, case: Case, n: int, total: int, tried: list[str], prob
             if hit:
                 hint = text
                 break
-    parts = [f"✗ {ex.name}: wrong on input {n} of {total}: {case.label}", f"  {problem}"]
-    if got is not None and case.judge is None:
+    # a name the code never defined is not what this input's hint is about
+    if (not hint and case.hint and not isinstance(error, (NameError, ImportError))
+            and not _wrong_elsewhere(ex, call, cases, case)):
+        hint = case.hint
+    parts = [f"✗ {ex.name}: wrong on input {n} of {len(cases)}: {case.label}", f"  {problem}"]
+    if compared:
         parts += [f"  expected {preview(case.expected)}", f"  got      {preview(got)}"]
+        if not hint and problem.startswith(("relative RMS", "output")) and "shape" not in problem:
+            where = where_it_differs(got, case.expected, default_tol(case))
+            if where:
+                parts.append(f"  where: {where}")
     if hint:
         parts.append(f"  hint: {hint}")
     if tried:

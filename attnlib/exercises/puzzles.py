@@ -11,6 +11,7 @@ the error their code raised, and a stub that still raises ``NotImplementedError`
 
 from __future__ import annotations
 
+import math
 import os
 import warnings
 
@@ -18,7 +19,7 @@ import torch
 
 from ..deltanet import delta_rule_recurrent_reference, ut_transform
 from ..linear import linear_attention_recurrent_reference
-from ._checker import Case, Exercise, Wrong, agree
+from ._checker import Case, Exercise, Freedom, Wrong, agree
 
 try:
     import triton
@@ -158,6 +159,25 @@ def _softmax_tile_max(acc, l, m, s, v):
 
 
 @triton.jit
+def _softmax_masked_as_zero(acc, l, m, s, v):
+    s = tl.where(s == float("-inf"), 0.0, s)              # -inf "cleaned" to 0: a masked key counts
+    m_new = tl.maximum(m, tl.max(s, 1))
+    m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp(m - m_ref)
+    p = tl.exp(s - m_ref[:, None])
+    return acc * alpha[:, None] + tl.dot(p, v), l * alpha + tl.sum(p, 1), m_new
+
+
+@triton.jit
+def _softmax_exp_ratio(acc, l, m, s, v):
+    m_new = tl.maximum(m, tl.max(s, 1))
+    m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp(m) / tl.exp(m_ref)                     # a ratio of exponentials: inf / inf past 88
+    p = tl.exp(s) / tl.exp(m_ref)[:, None]
+    return acc * alpha[:, None] + tl.dot(p, v), l * alpha + tl.sum(p, 1), m_new
+
+
+@triton.jit
 def _softmax_kernel(ACC, L, M, S, V, fn: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                     BLOCK_DV: tl.constexpr):
     rm, rn, rd = tl.arange(0, BLOCK_M), tl.arange(0, BLOCK_N), tl.arange(0, BLOCK_DV)
@@ -205,7 +225,8 @@ def _softmax_cases(gen):
         return Case(label, args, want, hint=hint)
 
     BM, BN, DV = 16, 16, 16
-    rescale = "when the maximum moves from m to m_new, multiply the old l and acc by exp(m - m_new)"
+    up = torch.zeros(BM, 1, dtype=f64)
+    up[:8] = 30.0                                                  # rows 0-7: the tile 30 higher
     causal = torch.ones(BM, BN, dtype=torch.bool).tril()           # row i sees keys j <= i
     blind = torch.ones(BM, BN, dtype=torch.bool)
     blind[:5] = False                                              # rows 0-4 see no key of this tile
@@ -215,22 +236,28 @@ def _softmax_cases(gen):
     return [
         c("24 keys seen, a 16 x 32 tile of scores, DV = 16", 2 * randn(BM, 24), randn(24, DV),
           2 * randn(BM, 32), randn(32, DV)),
-        c("the first tile: m = -inf, l = 0, acc = 0", randn(BM, 0), randn(0, DV), randn(BM, BN),
-          randn(BN, DV), hint="exp(-inf - m_new) = 0: the empty state contributes nothing"),
-        c("the maximum moves: the tile's scores are 30 higher", randn(BM, 8), randn(8, DV),
-          30 + randn(BM, BN), randn(BN, DV), hint=rescale),
-        c("the maximum stays: the tile's scores are 30 lower", 30 + randn(BM, 8), randn(8, DV),
-          randn(BM, BN), randn(BN, DV),
-          hint="the running maximum is max(m, the tile's max): it never decreases"),
-        c("a tile with 40% of its scores masked (-inf)", randn(BM, 8), randn(8, DV), half, randn(BN, DV)),
-        c("rows 0-4 have no key yet and none in this tile", randn(BM, 0), randn(0, DV),
+        c("rows 0-7: the tile's scores 30 above m; rows 8-15: 30 below", 30 - up + randn(BM, 8),
+          randn(8, DV), up + randn(BM, BN), randn(BN, DV),
+          hint="in rows 0-7 the maximum moves up: multiply the old l and acc by exp(m - m_new); in rows "
+               "8-15 it stays: m_new = max(m, the tile's max) never decreases"),
+        c("a tile with 40% of its scores masked (-inf)", randn(BM, 8), randn(8, DV), half, randn(BN, DV),
+          hint="-inf is a masked key: exp(-inf - m_new) = 0 adds nothing to l or acc; keep the -inf as it "
+               "is"),
+        c("the first tile (m = -inf); rows 0-4 have no key in it either", randn(BM, 0), randn(0, DV),
           randn(BM, BN).masked_fill(~blind, NEG_INF), randn(BN, DV),
           hint="a row with only -inf scores keeps m = -inf, l = 0, acc = 0: exp(-inf - (-inf)) is NaN; "
-               "measure such a row against 0"),
+               "measure such a row against 0 (the other rows start from the empty state: exp(-inf) = 0)"),
         c("scores of 1e4 (float32), BN = 32, DV = 32", 1e4 * randn(BM, 8), randn(8, 32),
           1e4 * randn(BM, 32), randn(32, 32),
-          hint="exp(1e4) overflows: every exponent must be a score minus the running maximum"),
+          hint="scores of 1e4: exp(1e4) overflows, and so does a ratio exp(s) / exp(m_new); every "
+               "exponent must be a score minus the running maximum"),
     ]
+
+
+def _rows(case, test) -> bool:
+    """Whether ``test(m, the tile's row max)`` holds for some row of the case's state and tile."""
+    m, s = case.args[2], case.args[3]
+    return bool(test(m, s.amax(1)).any())
 
 
 def _softmax_unrescaled(got, expected, case) -> bool:
@@ -239,6 +266,16 @@ def _softmax_unrescaled(got, expected, case) -> bool:
     ref = torch.where(m_new == NEG_INF, 0.0, m_new)
     alt = acc + torch.exp(s - ref[:, None]) @ v
     return not agree(got[0], expected[0], 1e-4) and agree(got[0], alt, 1e-4)
+
+
+def _softmax_masked_counted(got, expected, case) -> bool:
+    acc, l, m, s, v = (x.to(f64) for x in case.args)
+    s = torch.where(s == NEG_INF, 0.0, s)
+    m_new = torch.maximum(m, s.amax(1))
+    ref = torch.where(m_new == NEG_INF, 0.0, m_new)
+    alpha, p = torch.exp(m - ref), torch.exp(s - ref[:, None])
+    alt = (acc * alpha[:, None] + p @ v, l * alpha + p.sum(1), m_new)
+    return not agree(got, expected, 1e-4) and agree(got, alt, 1e-4)
 
 
 def _softmax_m_is_tile_max(got, expected, case) -> bool:
@@ -259,13 +296,27 @@ ONLINE_SOFTMAX = Exercise(
     cases=_softmax_cases,
     wrong=(Wrong(_softmax_no_rescale, "rescale acc"),
            Wrong(_softmax_nan_rows, "measure such a row against 0"),
-           Wrong(_softmax_tile_max, "running maximum")),
+           Wrong(_softmax_tile_max, "running maximum"),
+           Wrong(_softmax_masked_as_zero, "keep the -inf"),
+           Wrong(_softmax_exp_ratio, "a score minus the running maximum")),
     diagnose=((_softmax_unrescaled, "acc was not rescaled: the old sum is measured against the old "
                                     "maximum; rescale acc (like l) by exp(m - m_new) before adding p @ v"),
               (_softmax_m_is_tile_max, "your m is the tile's maximum: m must be the running maximum over "
-                                       "every key seen, max(m, the tile's max)")),
+                                       "every key seen, max(m, the tile's max)"),
+              (_softmax_masked_counted, "you counted the masked scores as 0: -inf is a masked key, and "
+                                        "exp(-inf - m_new) = 0 adds nothing to l or acc; keep the -inf")),
     imports="import torch\nimport triton\nimport triton.language as tl",
     harness=_softmax_harness,
+    freedoms=(
+        Freedom("the maximum moves", lambda c: _rows(c, lambda m, t: (m > -math.inf) & (t > m))),
+        Freedom("the maximum stays", lambda c: _rows(c, lambda m, t: (t > -math.inf) & (t < m))),
+        Freedom("the first tile (m = -inf)", lambda c: bool((c.args[2] == -math.inf).all())),
+        Freedom("masked scores (-inf)", lambda c: bool((c.args[3] == -math.inf).any())),
+        Freedom("rows with no key yet and none in the tile",
+                lambda c: _rows(c, lambda m, t: (m == -math.inf) & (t == -math.inf))),
+        Freedom("scores of 1e4", lambda c: c.args[3].abs().nan_to_num(posinf=0).amax().item() > 1e3),
+        Freedom("tiles of 32 keys (BN ≠ BM)", lambda c: c.args[3].shape[1] != c.args[3].shape[0]),
+    ),
 )
 
 
@@ -314,6 +365,14 @@ def _mask_additive(s, start_m, start_n, T_K, BLOCK_M: tl.constexpr, BLOCK_N: tl.
     offs_n = start_n + tl.arange(0, BLOCK_N)
     seen = (offs_n[None, :] <= offs_m[:, None]) & (offs_n[None, :] < T_K)
     return s + tl.where(seen, 0.0, float("-inf"))
+
+
+@triton.jit
+def _mask_square(s, start_m, start_n, T_K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_n = start_n + tl.arange(0, BLOCK_M)              # BLOCK_M keys: a square tile assumed
+    seen = (offs_n[None, :] <= offs_m[:, None]) & (offs_n[None, :] < T_K)
+    return tl.where(seen, s, float("-inf"))
 
 
 @triton.jit
@@ -425,9 +484,18 @@ CAUSAL_MASK = Exercise(
     solution=causal_mask,
     cases=_mask_cases,
     wrong=(Wrong(_mask_strict, "itself included"), Wrong(_mask_in_tile, "positions in the sequence"),
-           Wrong(_mask_no_bound, "mask j >= t_k"), Wrong(_mask_additive, "tl.where")),
+           Wrong(_mask_no_bound, "mask j >= t_k"), Wrong(_mask_additive, "tl.where"),
+           Wrong(_mask_square, "raised")),
     imports="import torch\nimport triton\nimport triton.language as tl",
     harness=_mask_harness,
+    freedoms=(
+        Freedom("several tiles each way", lambda c: c.args[0].shape[0] > c.args[1]
+                and c.args[0].shape[1] > c.args[2]),
+        Freedom("ragged last tiles (T_K not a multiple of BLOCK_N)", lambda c: c.args[0].shape[1] % c.args[2] != 0),
+        Freedom("BLOCK_M ≠ BLOCK_N", lambda c: c.args[1] != c.args[2]),
+        Freedom("fewer keys than queries", lambda c: c.args[0].shape[1] < c.args[0].shape[0]),
+        Freedom("T = 1", lambda c: tuple(c.args[0].shape) == (1, 1)),
+    ),
 )
 
 
@@ -435,9 +503,9 @@ CAUSAL_MASK = Exercise(
 
 @triton.jit
 def chunk_state_update(h, k, w, u):
-    """One chunk of the delta rule in the kernel's layout ``h = S^T``:
-    ``h [BLOCK_D, BLOCK_DV]`` the state before the chunk, keys
-    ``k [C, BLOCK_D]`` and WY factors ``w [C, BLOCK_D]``, ``u [C, BLOCK_DV]``
+    """One chunk of L = 16 tokens of the delta rule in the kernel's layout
+    ``h = S^T``: ``h [BLOCK_D, BLOCK_DV]`` the state before the chunk, keys
+    ``k [L, BLOCK_D]`` and WY factors ``w [L, BLOCK_D]``, ``u [L, BLOCK_DV]``
     (float32; padding rows and columns are 0). Return ``h`` after the chunk,
     ``[BLOCK_D, BLOCK_DV]``."""
     # U - W S^T: what the chunk writes, net of what h predicts
@@ -462,12 +530,18 @@ def _state_plus(h, k, w, u):
 
 
 @triton.jit
-def _state_kernel(H0, K, W, U, HOUT, n_chunks, fn: tl.constexpr, C: tl.constexpr, BLOCK_D: tl.constexpr,
+def _state_unit_keys(h, k, w, u):
+    k = k / tl.sqrt(tl.sum(k * k, 1))[:, None]            # "the keys are unit": 0 / 0 on a padding row
+    return h + tl.dot(tl.trans(k), u - tl.dot(w, h))
+
+
+@triton.jit
+def _state_kernel(H0, K, W, U, HOUT, n_chunks, fn: tl.constexpr, L: tl.constexpr, BLOCK_D: tl.constexpr,
                   BLOCK_DV: tl.constexpr):
-    rc, rd, rv = tl.arange(0, C), tl.arange(0, BLOCK_D), tl.arange(0, BLOCK_DV)
+    rc, rd, rv = tl.arange(0, L), tl.arange(0, BLOCK_D), tl.arange(0, BLOCK_DV)
     h = tl.load(H0 + rd[:, None] * BLOCK_DV + rv[None, :])
     for c in range(0, n_chunks):                  # the sequential pass: one chunk after the other
-        rows = c * C + rc
+        rows = c * L + rc
         k = tl.load(K + rows[:, None] * BLOCK_D + rd[None, :])
         w = tl.load(W + rows[:, None] * BLOCK_D + rd[None, :])
         u = tl.load(U + rows[:, None] * BLOCK_DV + rv[None, :])
@@ -494,7 +568,7 @@ def _state_harness(fn):
         hp, kp, wp, up = _pad(h0, bd, bv), _pad(k, rows, bd), _pad(w, rows, bd), _pad(u, rows, bv)
         out = torch.zeros(bd, bv, dtype=f32)
         wrapped = _returning(fn, _name(fn), ((bd, bv),))
-        _launch(_state_kernel, (1,), hp, kp, wp, up, out, n, fn=wrapped, C=CHUNK, BLOCK_D=bd, BLOCK_DV=bv)
+        _launch(_state_kernel, (1,), hp, kp, wp, up, out, n, fn=wrapped, L=CHUNK, BLOCK_D=bd, BLOCK_DV=bv)
         return out[:D, :DV]
     return call
 
@@ -525,28 +599,30 @@ def _state_cases(gen):
                                               scale=1.0, initial_state=h0.T[None, None])
         return Case(label, (h0.to(f32), k.to(f32), w.to(f32), u.to(f32)), S[0, 0].T, hint=hint)
 
-    def linear(label, h0, k, v):
+    def linear(label, h0, k, v, hint=""):
         _, S = linear_attention_recurrent_reference(k[None, None], k[None, None], v[None, None],
                                                     initial_state=h0.T[None, None], causal=True)
-        return Case(label, (h0.to(f32), k.to(f32), torch.zeros_like(k).to(f32), v.to(f32)), S[0, 0].T)
+        return Case(label, (h0.to(f32), k.to(f32), torch.zeros_like(k).to(f32), v.to(f32)), S[0, 0].T,
+                    hint=hint)
 
     def beta(T):
         return torch.rand(T, generator=gen, dtype=f64)
 
-    correction = ("the chunk writes U - W S^T, not U: W S^T subtracts what the state before the chunk "
-                  "already predicts for its keys")
     same = keys(1, 16).expand(16, 16).contiguous()
     return [
         c("one chunk, D = Dv = 16, a random state before it", randn(16, 16), keys(16, 16), randn(16, 16),
           beta(16)),
+        linear("w = 0, u = v: linear attention, h + K^T V", randn(16, 16), randn(16, 16), randn(16, 16),
+               hint="w = 0, u = v is linear attention, h + K^T V, with keys of any norm: use k as given"),
         c("T = 40: three chunks, the last one 8 rows", randn(16, 16), keys(40, 16), randn(40, 16), beta(40),
-          hint=correction),
-        c("D = 12, Dv = 20 (padded tiles), T = 24", randn(12, 20), keys(24, 12), randn(24, 20), beta(24)),
+          hint="the last chunk is ragged: its 8 padding rows (k = w = u = 0) must leave h unchanged, so no "
+               "division by a key's norm"),
+        c("D = 12, Dv = 20 (padded tiles), T = 32", randn(12, 20), keys(32, 12), randn(32, 20), beta(32)),
         c("the state before is 0", torch.zeros(16, 8, dtype=f64), keys(16, 16), randn(16, 8), beta(16)),
-        linear("w = 0, u = v: linear attention, h + K^T V", randn(16, 16), randn(16, 16), randn(16, 16)),
         c("one key written 16 times with beta = 1", randn(16, 16), same, randn(16, 16),
           torch.ones(16, dtype=f64), hint="with beta = 1 each write replaces the last: S k = v_16 after"),
-        c("T = 1", randn(16, 16), keys(1, 16), randn(1, 16), beta(1)),
+        c("T = 1", randn(16, 16), keys(1, 16), randn(1, 16), beta(1),
+          hint="T = 1: the chunk has 15 padding rows (k = w = u = 0), which must leave h unchanged"),
     ]
 
 
@@ -559,6 +635,8 @@ def _state_alt(variant):
                 h = h + kc.T @ (uc - wc @ h.T) if h.shape[0] == h.shape[1] else h
             elif variant == "no correction":
                 h = h + kc.T @ uc
+            elif variant == "unit keys":
+                h = h + (kc / kc.norm(dim=-1, keepdim=True)).T @ (uc - wc @ h)
             else:
                 h = h + kc.T @ (uc + wc @ h)
         return not agree(got, expected, 1e-4) and agree(got, h, 1e-4)
@@ -570,41 +648,52 @@ STATE_UPDATE = Exercise(
     chapter="A",
     title="A chunk's state update from its WY factors",
     statement=(
-        "Over a chunk of $C$ tokens (chapter 4's $L$) the delta rule's state $S$ ($D_v\\times D$) moves by "
+        "Over a chunk of $L=16$ tokens the delta rule's state $S$ ($D_v\\times D$) moves by "
         "$S \\leftarrow S + (U - W S^\\top)^\\top K$, with the chunk's WY factors $W=\\mathcal TK$, "
         "$U=\\mathcal TV$ ($\\mathcal T$ its UT factor); with "
         "$W=0$, $U=V$ it is linear attention's $S + V^\\top K$. The kernel keeps $h=S^\\top$ "
         "($D\\times D_v$), whose columns evolve independently. Write the update of $h$; the harness "
-        "carries it across chunks (a ragged last one, padded tiles, $T=1$) and compares with the "
+        "carries it across chunks (a ragged last one, padded tiles, keys of any norm, $T=1$) and compares with the "
         "recurrence token by token."),
     solution=chunk_state_update,
     cases=_state_cases,
     wrong=(Wrong(_state_transposed, "layout"), Wrong(_state_no_correction, "u - w h"),
-           Wrong(_state_plus, "sign")),
+           Wrong(_state_plus, "sign"), Wrong(_state_unit_keys, "use k as given")),
     diagnose=((_state_alt("transposed"), "you updated h as if it were S: in the kernel's layout h = S^T "
                                          "the update is h + K^T (U - W h)"),
               (_state_alt("no correction"), "you added K^T U: the chunk writes U - W S^T, i.e. u - w h in "
                                             "the kernel's layout"),
-              (_state_alt("plus"), "the correction has the wrong sign: U - W S^T, i.e. u - w h")),
+              (_state_alt("plus"), "the correction has the wrong sign: U - W S^T, i.e. u - w h"),
+              (_state_alt("unit keys"), "you normalised the keys: use k as given (keys of any norm; a "
+                                        "padding row, k = 0, must leave h unchanged)")),
     imports="import torch\nimport triton\nimport triton.language as tl",
     harness=_state_harness,
+    freedoms=(
+        Freedom("several chunks, the last one ragged", lambda c: c.args[1].shape[0] > CHUNK
+                and c.args[1].shape[0] % CHUNK != 0),
+        Freedom("D ≠ Dv (padded tiles)", lambda c: c.args[0].shape[0] != c.args[0].shape[1]),
+        Freedom("T = 1", lambda c: c.args[1].shape[0] == 1),
+        Freedom("keys of any norm", lambda c: bool((c.args[1].norm(dim=-1) - 1).abs().amax() > 1e-3)),
+        Freedom("w = 0, u = v", lambda c: bool((c.args[2] == 0).all())),
+    ),
 )
 
 
 # --- 4. the UT factor of a 16 x 16 block ------------------------------------------------------------
 
 @triton.jit
-def ut_factor(k, beta, C: tl.constexpr):
-    """The UT factor of a chunk of ``C`` keys: ``k [C, BLOCK_D]`` (float32,
-    zero-padded), ``beta [C]``. With ``A = strictly-lower(diag(beta) K K^T)``,
-    return ``T = (I + A)^{-1} diag(beta)``, ``[C, C]``, by forward substitution
-    in registers."""
-    r = tl.arange(0, C)
+def ut_factor(k, beta, chunk_size: tl.constexpr):
+    """The UT factor of a chunk of L = ``chunk_size`` keys: ``k [L, BLOCK_D]``
+    (float32, zero-padded), ``beta [L]``. With
+    ``A = strictly-lower(diag(beta) K K^T)``, return
+    ``T = (I + A)^{-1} diag(beta)``, ``[L, L]``, by forward substitution in
+    registers."""
+    r = tl.arange(0, chunk_size)
     a = tl.dot(k, tl.trans(k)) * beta[:, None]         # diag(beta) K K^T
     a = tl.where(r[:, None] > r[None, :], a, 0.0)      # its strictly lower part
     # rows of (I + A)^{-1}, filled top-down
     x = tl.where(r[:, None] == r[None, :], 1.0, 0.0)
-    for i in tl.static_range(1, C):
+    for i in tl.static_range(1, chunk_size):
         # row i of A: A[i, j], zero for j >= i
         a_i = tl.sum(tl.where(r[:, None] == i, a, 0.0), 0)
         # e_i - sum_{j<i} A[i, j] X[j, :]
@@ -615,11 +704,11 @@ def ut_factor(k, beta, C: tl.constexpr):
 
 
 @triton.jit
-def _ut_with_diagonal(k, beta, C: tl.constexpr):
-    r = tl.arange(0, C)
+def _ut_with_diagonal(k, beta, chunk_size: tl.constexpr):
+    r = tl.arange(0, chunk_size)
     a = tl.where(r[:, None] >= r[None, :], tl.dot(k, tl.trans(k)) * beta[:, None], 0.0)
     x = tl.where(r[:, None] == r[None, :], 1.0, 0.0)
-    for i in tl.static_range(0, C):               # (I + A) has 1 + A[i, i] on its diagonal: divide by it
+    for i in tl.static_range(0, chunk_size):               # (I + A) has 1 + A[i, i] on its diagonal: divide by it
         a_i = tl.sum(tl.where(r[:, None] == i, a, 0.0), 0)
         off = tl.where(r < i, a_i, 0.0)
         d = tl.sum(tl.where(r == i, a_i, 0.0), 0)
@@ -629,11 +718,11 @@ def _ut_with_diagonal(k, beta, C: tl.constexpr):
 
 
 @triton.jit
-def _ut_wrong_triangle(k, beta, C: tl.constexpr):
-    r = tl.arange(0, C)
+def _ut_wrong_triangle(k, beta, chunk_size: tl.constexpr):
+    r = tl.arange(0, chunk_size)
     a = tl.where(r[:, None] > r[None, :], tl.dot(k, tl.trans(k)) * beta[:, None], 0.0)
     x = tl.where(r[:, None] == r[None, :], 1.0, 0.0)
-    for i in tl.static_range(1, C):
+    for i in tl.static_range(1, chunk_size):
         a_i = tl.sum(tl.where(r[None, :] == i, a, 0.0), 1)       # column i: A[j, i], zero for j < i
         a_i = tl.where(r < i, a_i, 0.0)
         row = tl.where(r == i, 1.0, 0.0) - tl.sum(a_i[:, None] * x, 0)
@@ -642,11 +731,11 @@ def _ut_wrong_triangle(k, beta, C: tl.constexpr):
 
 
 @triton.jit
-def _ut_beta_columns(k, beta, C: tl.constexpr):
-    r = tl.arange(0, C)
+def _ut_beta_columns(k, beta, chunk_size: tl.constexpr):
+    r = tl.arange(0, chunk_size)
     a = tl.where(r[:, None] > r[None, :], tl.dot(k, tl.trans(k)) * beta[None, :], 0.0)
     x = tl.where(r[:, None] == r[None, :], 1.0, 0.0)
-    for i in tl.static_range(1, C):
+    for i in tl.static_range(1, chunk_size):
         a_i = tl.sum(tl.where(r[:, None] == i, a, 0.0), 0)
         row = tl.where(r == i, 1.0, 0.0) - tl.sum(a_i[:, None] * x, 0)
         x = tl.where(r[:, None] == i, row[None, :], x)
@@ -654,12 +743,26 @@ def _ut_beta_columns(k, beta, C: tl.constexpr):
 
 
 @triton.jit
-def _ut_kernel(K, BETA, OUT, fn: tl.constexpr, C: tl.constexpr, BLOCK_D: tl.constexpr):
-    rc, rd = tl.arange(0, C), tl.arange(0, BLOCK_D)
+def _ut_unit_keys(k, beta, chunk_size: tl.constexpr):
+    r = tl.arange(0, chunk_size)
+    eye = tl.where(r[:, None] == r[None, :], 1.0, 0.0)
+    # diag(beta) (K K^T - I), its diagonal taken for 0 ("the keys are unit"), the lower triangle kept
+    a = tl.where(r[:, None] >= r[None, :], (tl.dot(k, tl.trans(k)) - eye) * beta[:, None], 0.0)
+    x = eye
+    for i in tl.static_range(1, chunk_size):
+        a_i = tl.sum(tl.where(r[:, None] == i, a, 0.0), 0)
+        row = tl.where(r == i, 1.0, 0.0) - tl.sum(a_i[:, None] * x, 0)
+        x = tl.where(r[:, None] == i, row[None, :], x)
+    return x * beta[None, :]
+
+
+@triton.jit
+def _ut_kernel(K, BETA, OUT, fn: tl.constexpr, L: tl.constexpr, BLOCK_D: tl.constexpr):
+    rc, rd = tl.arange(0, L), tl.arange(0, BLOCK_D)
     k = tl.load(K + rc[:, None] * BLOCK_D + rd[None, :])
     beta = tl.load(BETA + rc)
-    t = fn(k, beta, C)
-    tl.store(OUT + rc[:, None] * C + rc[None, :], t)
+    t = fn(k, beta, L)
+    tl.store(OUT + rc[:, None] * L + rc[None, :], t)
 
 
 def _ut_harness(fn):
@@ -671,7 +774,7 @@ def _ut_harness(fn):
         bp[:n] = beta
         out = torch.zeros(CHUNK, CHUNK, dtype=f32)
         wrapped = _returning(fn, _name(fn), ((CHUNK, CHUNK),))
-        _launch(_ut_kernel, (1,), kp, bp, out, fn=wrapped, C=CHUNK, BLOCK_D=bd)
+        _launch(_ut_kernel, (1,), kp, bp, out, fn=wrapped, L=CHUNK, BLOCK_D=bd)
         return out[:n, :n]
     return call
 
@@ -688,18 +791,19 @@ def _ut_cases(gen):
         T, _, _ = ut_transform(k, b)
         return Case(label, (k.to(f32), b.to(f32)), T, hint=hint)
 
-    lower = ("A is strictly lower-triangular, so I + A has ones on its diagonal: row i of the inverse "
-             "is e_i - sum_{j<i} A[i, j] (row j of the inverse)")
     eye = torch.eye(16, dtype=f64)
+    norms = 0.5 + 1.5 * torch.rand(16, 1, generator=gen, dtype=f64)
     return [
         c("16 unit keys, D = 32, beta in (0, 1)", keys(16, 32), beta(16)),
-        c("D = 40 (padded to 64), beta in (0, 1)", keys(16, 40), beta(16), hint=lower),
-        c("a ragged chunk of 11 keys (padding: k = 0, beta = 0)", keys(11, 16), beta(11)),
+        c("D = 40 (padded to 64), keys of norms 0.5 to 2", norms * keys(16, 40), beta(16),
+          hint="these keys are not unit: the diagonal of K K^T is ||k_i||^2, not 1, so diag(beta) (K K^T - "
+               "I) keeps a diagonal; A is only the part of diag(beta) K K^T left of the diagonal"),
+        c("a ragged chunk of 11 keys (padding: k = 0, beta = 0)", keys(11, 16), beta(11),
+          hint="the 5 padding rows have k = 0 and beta = 0: their rows and columns of T come out 0 (no "
+               "division by beta)"),
         c("beta = 0: nothing is written, T = 0", keys(16, 16), torch.zeros(16, dtype=f64)),
         c("orthogonal keys: A = 0 and T = diag(beta)", eye, beta(16)),
-        c("one key 16 times, beta = 1", keys(1, 16).expand(16, 16).contiguous(), torch.ones(16, dtype=f64),
-          hint=lower),
-        c("D = 1, beta = 2 (the largest stable step)", torch.ones(16, 1, dtype=f64),
+        c("one key 16 times (D = 1), beta = 2: the largest stable step", torch.ones(16, 1, dtype=f64),
           torch.full((16,), 2.0, dtype=f64)),
     ]
 
@@ -714,6 +818,10 @@ def _ut_alt(variant):
             alt = torch.linalg.solve(eye + torch.tril(b[:, None] * kk), torch.diag(b))
         elif variant == "columns":
             alt = torch.linalg.solve(eye + torch.tril(kk * b[None, :], -1), torch.diag(b))
+        elif variant == "unit keys":         # the diagonal of diag(beta) (K K^T - I) taken into row i
+            d = 1.0 - b * (kk.diagonal() - 1.0)
+            d[0] = 1.0
+            alt = torch.linalg.solve(eye + torch.tril(b[:, None] * kk, -1), torch.diag(d)) @ torch.diag(b)
         else:
             alt = torch.diag(b)
         return not agree(got, expected, 1e-4) and agree(got, alt, 1e-4)
@@ -725,25 +833,36 @@ UT_FACTOR = Exercise(
     chapter="A",
     title="The UT factor of a chunk, by forward substitution",
     statement=(
-        "The delta rule's chunk form needs $\\mathcal T=(I+A)^{-1}\\operatorname{diag}(\\beta)$ with "
+        "The delta rule's chunk form needs, for each chunk of $L$ keys, "
+        "$\\mathcal T=(I+A)^{-1}\\operatorname{diag}(\\beta)$ with "
         "$A=\\operatorname{tril}(\\operatorname{diag}(\\beta)KK^\\top,-1)$, the factor that "
-        "`attnlib.deltanet.ut_transform` computes with a triangular solve. Compute it for a $16\\times16$ "
-        "block inside a kernel, row by row: a tile cannot be indexed, so take row $i$ of a tile `x` as "
-        "`tl.sum(tl.where(r[:, None] == i, x, 0.0), 0)` and write one back with `tl.where` "
-        "(`r = tl.arange(0, C)`, loop with `tl.static_range`). Inputs: padded head dims, a ragged chunk, "
-        "$\\beta=0$, orthogonal and repeated keys."),
+        "`attnlib.deltanet.ut_transform` computes with a triangular solve. Compute it for $L=16$ (a "
+        "$16\\times16$ block) inside a kernel, row by row: a tile cannot be indexed, so take row $i$ of a "
+        "tile `x` as `tl.sum(tl.where(r[:, None] == i, x, 0.0), 0)` and write one back with `tl.where` "
+        "(`r = tl.arange(0, chunk_size)`, loop with `tl.static_range`). Inputs: padded head dims, keys of "
+        "any norm, a ragged chunk, $\\beta=0$ and $\\beta=2$, orthogonal and repeated keys."),
     solution=ut_factor,
     cases=_ut_cases,
     wrong=(Wrong(_ut_with_diagonal, "strictly lower"), Wrong(_ut_wrong_triangle, "row i of a"),
-           Wrong(_ut_beta_columns, "rows of k k^t")),
+           Wrong(_ut_beta_columns, "rows of k k^t"), Wrong(_ut_unit_keys, "not unit")),
     diagnose=((_ut_alt("diagonal"), "you kept the diagonal of diag(beta) K K^T: A is its strictly lower "
                                     "part, so I + A has ones on the diagonal"),
               (_ut_alt("triangle"), "your substitution never used A: row i of the inverse combines the rows "
                                     "j < i with A[i, j], row i of A (left of the diagonal), not column i"),
               (_ut_alt("columns"), "beta scales the rows of K K^T (diag(beta) on the left), then T takes "
-                                   "diag(beta) on the right")),
+                                   "diag(beta) on the right"),
+              (_ut_alt("unit keys"), "the keys are not unit: the diagonal of K K^T is ||k_i||^2, not 1; A is "
+                                     "only the part of diag(beta) K K^T left of the diagonal")),
     imports="import torch\nimport triton\nimport triton.language as tl",
     harness=_ut_harness,
+    freedoms=(
+        Freedom("D = 40, padded to 64", lambda c: c.args[0].shape[1] != _pow2(c.args[0].shape[1], 1)),
+        Freedom("D = 1", lambda c: c.args[0].shape[1] == 1),
+        Freedom("keys of any norm", lambda c: bool((c.args[0].norm(dim=-1) - 1).abs().amax() > 1e-3)),
+        Freedom("a ragged chunk (fewer than 16 keys)", lambda c: c.args[0].shape[0] < CHUNK),
+        Freedom("beta = 0", lambda c: bool((c.args[1] == 0).all())),
+        Freedom("beta > 1", lambda c: c.args[1].amax().item() > 1),
+    ),
 )
 
 
