@@ -14,10 +14,11 @@ fits ``attnlib.experiments.lab.CODE_WIDTH`` (tests/test_exercises.py).
 
 The example is text this script writes by running the checker (:data:`VERDICT_EXAMPLES`): one of the
 wrong answers a chapter's module keeps for its tests, executed from the very source the page shows,
-and what ``lab.exercise`` prints for it and for the worked solution, with the notebook's seed. So the
-page shows a verdict without running anything, and ``--check`` (a unit test) fails when the checker, an
-exercise or its inputs change what it says. The appendix's example runs through Triton's interpreter:
-in this process when it is on (or triton is not imported yet), otherwise in a child process.
+and what the checker (``exercise(name, fn)``) prints for it and for the worked solution, with the
+notebook's seed. So the page shows a verdict without running anything, and ``--check`` (a unit test)
+fails when the checker, an exercise or its inputs change what it says. The appendix's example runs
+through Triton's interpreter: in this process when it is on (or triton is not imported yet), otherwise
+in a child process.
 """
 
 from __future__ import annotations
@@ -99,14 +100,16 @@ def setup_source(interpret: bool) -> str:
                   'os.environ["TRITON_INTERPRET"] = "1"']
     lines += [
         "from attnlib.experiments.lab import setup",
+        "from attnlib.exercises import checker",
         "lab = setup(seed=0)   # the seed of the checker's random inputs",
+        "exercise = checker(lab.seed)",
         "print(lab)",
     ]
     return "\n".join(lines)
 
 
 def exercise_cell(ex) -> str:
-    return f'{ex.imports.rstrip()}\n\n\n{ex.stub_source().rstrip()}\n\n\nlab.exercise("{ex.name}", {ex.function_name})'
+    return f'{ex.imports.rstrip()}\n\n\n{ex.stub_source().rstrip()}\n\n\nexercise("{ex.name}", {ex.function_name})'
 
 
 def solution_markdown(ex) -> str:
@@ -167,7 +170,7 @@ def verdict_markdown(v: dict) -> str:
             f"A plausible wrong answer to {'puzzle' if v['source'].startswith('@triton') else 'exercise'} "
             f"{v['number']}, *{v['title']}*:\n\n"
             f"```python\n{v['source'].rstrip()}\n```\n\n"
-            f"`lab.exercise(\"{v['exercise']}\", {v['function']})` prints:\n\n"
+            f"`exercise(\"{v['exercise']}\", {v['function']})` prints:\n\n"
             f"```text\n{v['failed']}\n```\n\n"
             f"and for the worked solution:\n\n"
             f"```text\n{v['passed']}\n```\n\n</details>")

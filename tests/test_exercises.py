@@ -113,14 +113,12 @@ def test_a_failure_names_the_input_and_what_came_back():
     assert "expected [" in text and "got      [" in text and "hint:" in text
 
 
-def test_the_lab_prints_the_checkers_verdict_and_raises_nothing(capsys):
-    from attnlib.experiments.lab import setup
-
-    lab = setup(seed=3)
+def test_the_pages_checker_prints_the_verdict_and_raises_nothing(capsys):
+    exercise = exercises.checker(seed=3)
     ex = exercises.get("softmax from the dual")
-    lab.exercise(ex.name, ex.solution)
-    lab.exercise(ex.name, ex.wrong[0].fn)
-    lab.exercise(ex.name, lambda s, eps: (_ for _ in ()).throw(NotImplementedError))
+    exercise(ex.name, ex.solution)
+    exercise(ex.name, ex.wrong[0].fn)
+    exercise(ex.name, lambda s, eps: (_ for _ in ()).throw(NotImplementedError))
     out = capsys.readouterr().out
     assert out.startswith("✓ softmax from the dual: right on all")
     assert "✗ softmax from the dual: wrong on input" in out and "not attempted" in out
@@ -230,7 +228,7 @@ def test_an_exercises_page_shows_a_folded_verdict_before_its_exercises(page):
     ex = exercises.get(name)
     wrong = [w for w in ex.wrong if getattr(w.fn, "fn", w.fn).__name__ == wrong_name]
     assert ex.chapter == ch and wrong, f"{page.name}: {wrong_name} is not a wrong answer of {name!r}"
-    assert f"def {ex.function_name}(" in source and f'lab.exercise("{name}", {ex.function_name})' in fold
+    assert f"def {ex.function_name}(" in source and f'exercise("{name}", {ex.function_name})' in fold
     assert failed.startswith(f"✗ {name}: wrong on input") and wrong[0].shows.lower() in _flat(failed), failed
     assert passed.startswith(f"✓ {name}: right on all"), passed
 

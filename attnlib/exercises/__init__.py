@@ -1,9 +1,9 @@
 """Exercises a reader can check: each chapter's, and the appendix's kernel puzzles.
 
-    from attnlib.experiments.lab import setup
-    lab = setup(seed=0)
+    from attnlib.exercises import checker
+    exercise = checker(seed=0)                       # the seed of the random inputs (a lab's lab.seed)
     def softmax_from_dual(scores, eps): ...          # the reader's answer
-    lab.exercise("softmax from the dual", softmax_from_dual)
+    exercise("softmax from the dual", softmax_from_dual)
 
 prints ``✓`` with the inputs tried, or the first input on which the answer is wrong, what was
 expected, what came back and a hint, or ``not attempted`` while the stub still raises
@@ -13,25 +13,40 @@ Each chapter's module (``ch01`` .. ``ch07``; ``puzzles`` for the appendix, whose
 kernels run through the interpreter) lists its exercises in ``EXERCISES``: the statement, the worked
 solution (whose signature and docstring are the reader's stub), the inputs, and wrong answers that the
 checker must catch. ``scripts/exercise_notebooks.py`` writes the exercises notebooks from them.
+
+The chapters are imported here, by name, so that the import graph (``tests/test_import_graph.py``) sees
+every edge: the exercises build on the operators and the experiments, and nothing below them imports
+the exercises.
 """
 
 from __future__ import annotations
 
-import importlib
 import zlib
 
 import torch
 
+from . import (
+    ch01,
+    ch02,
+    ch03,
+    ch04,
+    ch05,
+    ch06,
+    ch07,
+    puzzles,  # the appendix; imports without triton, and says why when it is missing
+)
 from ._checker import Case, Exercise, Outcome, Wrong, run
 
-__all__ = ["Case", "Exercise", "Outcome", "Wrong", "all_exercises", "check", "chapter", "get", "MODULES"]
+__all__ = ["Case", "Exercise", "Outcome", "Wrong", "all_exercises", "check", "checker", "chapter", "get",
+           "MODULES"]
 
-# Chapter modules in book order; "puzzles" (the appendix) needs triton, so it is imported last.
-MODULES = ("ch01", "ch02", "ch03", "ch04", "ch05", "ch06", "ch07", "puzzles")
+# Chapter modules in book order, the appendix's puzzles last.
+_CHAPTERS = (ch01, ch02, ch03, ch04, ch05, ch06, ch07, puzzles)
+MODULES = tuple(m.__name__.rpartition(".")[2] for m in _CHAPTERS)
 
 
 def _module_exercises(mod: str) -> tuple[Exercise, ...]:
-    return importlib.import_module(f"{__name__}.{mod}").EXERCISES
+    return _CHAPTERS[MODULES.index(mod)].EXERCISES
 
 
 def all_exercises() -> list[Exercise]:
@@ -46,7 +61,7 @@ def chapter(ch: str) -> list[Exercise]:
 
 
 def get(name: str) -> Exercise:
-    """The exercise called ``name`` (its ``lab.exercise`` name)."""
+    """The exercise called ``name`` (the name its page passes to the checker)."""
     if not isinstance(name, str):
         raise TypeError(f"name must be a str, the exercise's name; got {type(name).__name__}")
     for mod in MODULES:
@@ -66,3 +81,16 @@ def check(name: str, fn, *, seed: int = 0) -> Outcome:
     """Run the reader's ``fn`` on the inputs of exercise ``name`` (random ones drawn from ``seed``)."""
     ex = get(name)
     return run(ex, fn, torch.Generator().manual_seed(seed_for(name, seed)))
+
+
+def checker(seed: int = 0):
+    """``exercise(name, fn)`` for an exercises page: run the reader's ``fn`` on the inputs of exercise
+    ``name`` (random ones drawn from ``seed``, a lab's ``lab.seed``, and the degenerate ones) and print
+    ``✓`` with the inputs tried, the first input it gets wrong (expected, got, a hint or where it
+    differs), or "not attempted" while ``fn`` still raises ``NotImplementedError``. A wrong answer is
+    reported, not raised, so the notebook runs on."""
+    seed = int(seed)
+
+    def exercise(name: str, fn) -> None:
+        print(check(name, fn, seed=seed))
+    return exercise

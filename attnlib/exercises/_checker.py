@@ -76,7 +76,7 @@ class Freedom:
 
 @dataclass(frozen=True)
 class Exercise:
-    name: str                  # what the reader passes to lab.exercise, e.g. "softmax from the dual"
+    name: str                  # what the page passes to the checker, e.g. "softmax from the dual"
     chapter: str               # "1" .. "7", or "A" for the appendix's kernel puzzles
     title: str                 # the heading in the exercises notebook
     statement: str             # markdown: what the function must compute (MyST math allowed)

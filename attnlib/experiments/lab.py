@@ -19,9 +19,6 @@ alike and raise :class:`LabCheckFailed` when it is false):
   a figure or of a committed result file, or an example that shows a claim on this data where it
   could hardly fail (a near-certain property of random data).
 
-``lab.exercise(name, fn)`` checks a reader's answer to an exercise (``attnlib.exercises``): ✓ with the
-inputs tried, the first input it gets wrong with a hint, or "not attempted".
-
 Quick mode (the default on a CPU: CI's 2 cores must run each notebook in about a minute) shrinks
 the experiments; on a GPU, or with ``ATTNBOOK_FULL=1``, they run at full scale.
 
@@ -155,16 +152,6 @@ class Lab:
         if not condition:
             raise LabCheckFailed(wrap_mark("✗", claim, detail))
         print(wrap_mark(mark, claim, detail))
-
-    def exercise(self, name: str, fn) -> None:
-        """Check the reader's answer to exercise ``name`` (``attnlib.exercises``): run ``fn`` on the
-        exercise's random inputs (drawn from the lab's seed) and its degenerate ones, and print ``✓``
-        with the inputs tried, the first input it gets wrong (expected, got, a hint), or "not attempted"
-        while ``fn`` still raises ``NotImplementedError``. A wrong answer is reported, not raised, so the
-        notebook runs on."""
-        from ..exercises import check
-
-        print(check(name, fn, seed=self.seed))
 
     def glue(self, name: str, value) -> None:
         """Hand a number or text to the chapter page (myst-nb's ``glue``; the page writes
