@@ -576,10 +576,23 @@ def _blind_first_head(P, gamma):
     return u / u.norm(), w / w.norm()
 
 
-def _blind_equal(P, gamma):
+def _span_and_null(P):
+    """The heads' joint column basis ``U`` (as the wrong answers below read it) and its rank ``k``:
+    ``U[:, :k]`` spans every head's directions, ``U[:, k]`` is outside all of them."""
     H, D, r = P.shape
     U, S, _ = torch.linalg.svd(P.permute(1, 0, 2).reshape(D, H * r), full_matrices=True)
-    n = U[:, int((S > S.max() * 1e-10).sum())]
+    return U, int((S > S.max() * 1e-10).sum())
+
+
+def _opened(n, t, a):
+    """``u, w = n +/- a t``, normalised: ``u . w = (1 - a^2) / (1 + a^2)``."""
+    u, w = n + a * t, n - a * t
+    return u / u.norm(), w / w.norm()
+
+
+def _blind_equal(P, gamma):
+    U, k = _span_and_null(P)
+    n = U[:, k]
     return n, n.clone()                                   # u = w in the null space: score 0, not < 0
 
 
@@ -595,13 +608,9 @@ def _blind_count(P, gamma):
 
 
 def _blind_fixed_alpha(P, gamma):
-    H, D, r = P.shape
-    U, S, _ = torch.linalg.svd(P.permute(1, 0, 2).reshape(D, H * r), full_matrices=True)
-    k = int((S > S.max() * 1e-10).sum())
-    n, t = U[:, k], U[:, :k].sum(dim=1)
-    t = t / t.norm()
-    u, w = n + 0.5 * t, n - 0.5 * t                        # u . w = 0.6, whatever gamma asks
-    return u / u.norm(), w / w.norm()
+    U, k = _span_and_null(P)
+    t = U[:, :k].sum(dim=1)
+    return _opened(U[:, k], t / t.norm(), 0.5)            # u . w = 0.6, whatever gamma asks
 
 
 # A head's score must be below -MARGIN ||P_h||_F^2: rounding the products (u P_h) . (w P_h) in float64 moves
@@ -610,23 +619,14 @@ MARGIN = 1e-14
 
 
 def _blind_top_direction(P, gamma):
-    H, D, r = P.shape
-    U, S, _ = torch.linalg.svd(P.permute(1, 0, 2).reshape(D, H * r), full_matrices=True)
-    k = int((S > S.max() * 1e-10).sum())
-    n, t = U[:, k], U[:, 0]                                # the span's top direction: the largest head's
-    a = math.sqrt((1 - gamma) / (1 + gamma)) / 2
-    u, w = n + a * t, n - a * t
-    return u / u.norm(), w / w.norm()
+    U, k = _span_and_null(P)                               # t: the span's top direction, the largest head's
+    return _opened(U[:, k], U[:, 0], math.sqrt((1 - gamma) / (1 + gamma)) / 2)
 
 
 def _blind_small_fixed_alpha(P, gamma):
-    H, D, r = P.shape
-    U, S, _ = torch.linalg.svd(P.permute(1, 0, 2).reshape(D, H * r), full_matrices=True)
-    k = int((S > S.max() * 1e-10).sum())
-    n, t = U[:, k], U[:, :k].sum(dim=1)
-    t = t / t.norm()
-    u, w = n + 0.01 * t, n - 0.01 * t                      # u . w = 0.9998: enough for 0.99, not 1 - 1e-6
-    return u / u.norm(), w / w.norm()
+    U, k = _span_and_null(P)
+    t = U[:, :k].sum(dim=1)
+    return _opened(U[:, k], t / t.norm(), 0.01)           # u . w = 0.9998: enough for 0.99, not 1 - 1e-6
 
 
 def _blind_judge(P, gamma):
