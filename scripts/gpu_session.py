@@ -255,6 +255,7 @@ def write_ledger_row(results: Path, environment: dict, step: str, print_: str | 
     head["gpu"] = bool(environment.get("nvidia_smi"))          # nvidia-smi answered: a GPU ran the step
     head["device"] = head["device"] or "unknown device"
     head["date"] = head["date"] or time.strftime("%Y-%m-%d")
+    # benchmarks._common.result_file's name, spelled here: this process does not import torch
     slug = re.sub(r"[^A-Za-z0-9]+", "-", head["device"]).strip("-").lower()
     path = results / f"{slug}-{head['date']}-ledger.json"
     doc = json.loads(path.read_text()) if path.exists() else {**head, "rows": []}
@@ -443,8 +444,10 @@ def plan_next(budget: float, rows: list[dict], prints: dict[str, str]) -> dict:
 def next_steps(args) -> int:
     """``next``: plan from the ledger, print the plan, and (unless ``--dry-run``) run it as ``run`` does,
     each step's ledger row written as it ends."""
+    from attnlib import _provenance
+
     results = Path(args.results)
-    versions = _installed_versions()
+    versions = {pkg: _provenance._version(pkg) for pkg in ("torch", "triton")}   # without importing them
     prints = {step: fingerprint(step, versions) for step in LEDGER}
     plan = plan_next(args.budget, ledger_rows(results), prints)
     print(f"ledger: {len(plan['done'])} of {len(LEDGER)} steps done for the present code "
@@ -459,19 +462,6 @@ def next_steps(args) -> int:
         return 0
     args.steps = plan["steps"]
     return run(args, prints=prints)
-
-
-def _installed_versions() -> dict:
-    """torch and Triton as installed for the steps (the carried site first), read without importing them."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    out = {}
-    for pkg in ("torch", "triton"):
-        try:
-            out[pkg] = version(pkg)
-        except PackageNotFoundError:
-            out[pkg] = "-"
-    return out
 
 
 # --------------------------------------------------------------------------------------------------

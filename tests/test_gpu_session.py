@@ -206,7 +206,9 @@ def test_rehearsal_of_next_on_cpu_runs_the_undone_steps_and_writes_their_ledger_
     """A fake device's ledger says every step is done but one test slice; `next` on this CPU runs exactly
     that (the GPU tests skip), packs its results and its ledger row, and rows made on a CPU never mark a
     step done. (The benchmarks' own smoke runs are tests/test_benchmarks.py's.)"""
-    versions = gs._installed_versions()
+    from attnlib import _provenance
+
+    versions = {pkg: _provenance._version(pkg) for pkg in ("torch", "triton")}
     prints = {step: gs.fingerprint(step, versions) for step in gs.LEDGER}
     todo = [gs.LEDGER[0]]
     results, out, work = tmp_path / "results", tmp_path / "out", tmp_path / "work"

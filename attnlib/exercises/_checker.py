@@ -6,7 +6,8 @@ fill in (taken from ``solution``), a function that makes the inputs (``cases``: 
 degenerate and adversarial ones the library's own tests use), the worked ``solution`` and at least one
 plausible ``wrong`` answer with the words its failure must show. :func:`run` returns an
 :class:`Outcome`: ``passed``, ``failed`` (the first failing input, what was expected, what came back,
-and a hint) or ``not attempted`` (the stub still raises ``NotImplementedError``).
+and a hint where the mistake is recognised, otherwise where the values differ) or ``not attempted``
+(the stub still raises ``NotImplementedError``).
 
 A :class:`Case` is judged by comparing with ``expected`` (relative RMS error, the tolerance set per
 case for its dtype) or, when the answer is not unique (an adversary, a construction), by its own
@@ -45,7 +46,8 @@ class Case:
     ``expected``: the library's answer (a tensor, a number, or a tuple of them), compared by relative
     RMS error within ``tol`` (default: :data:`TOLERANCE` of the first tensor argument's dtype).
     ``judge``: instead of ``expected``, a function ``judge(got) -> None | str`` (the string says what
-    is wrong). ``hint``: the usual mistake behind a failure on this input, shown when it fails."""
+    is wrong). ``hint``: the usual mistake behind a failure on this input, about what is special in
+    it; shown only when the answer fails no input without a hint (see :func:`_failed`)."""
 
     label: str
     args: tuple
@@ -286,9 +288,11 @@ def _clone(args: tuple) -> tuple:
 
 
 def _same_tensor_values(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return (a.shape == b.shape and a.dtype == b.dtype
-            and bool(torch.equal(a.nan_to_num(0.0, 1.0, -1.0), b.nan_to_num(0.0, 1.0, -1.0))
-                     and torch.equal(a.isnan(), b.isnan())) if a.is_floating_point() else torch.equal(a, b))
+    """Equal entry for entry, a NaN equal to a NaN in the same place."""
+    if not a.is_floating_point():
+        return torch.equal(a, b)
+    inf = float("inf")
+    return torch.equal(a.isnan(), b.isnan()) and torch.equal(a.nan_to_num(0.0, inf, -inf), b.nan_to_num(0.0, inf, -inf))
 
 
 def _arg_name(ex: Exercise, i: int) -> str:
