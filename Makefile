@@ -37,10 +37,10 @@ help:
 $(PY):
 	python3 -m venv $(VENV)
 
-$(STAMP): requirements.txt requirements-dev.txt constraints.txt pyproject.toml | $(PY)
+$(STAMP): requirements.txt requirements-dev.txt constraints.txt pyproject.toml attnlib/pyproject.toml | $(PY)
 	$(PY) -c "import torch" 2>/dev/null || $(PIP) $(CONSTRAINTS) "$(TORCH_SPEC)"
 	$(PIP) $(CONSTRAINTS) -r requirements-dev.txt
-	$(PIP) --no-deps -e .
+	$(PIP) --no-deps -e ./attnlib -e .
 	$(PY) -m ipykernel install --sys-prefix --name python3 >/dev/null
 	touch $@
 

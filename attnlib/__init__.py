@@ -18,7 +18,7 @@ __version__ = "0.1.0"
 __all__ = [
     "softmax_attention",                                  # chapter 1
     "eot", "metrics",
-    "block_sparse_attention",                             # chapter 2 (its needle: attnlib.experiments.needle)
+    "block_sparse_attention",                             # chapter 2 (its needle: attnbook.experiments.needle)
     "linear_attention", "linear_attention_decode_step",   # chapter 3
     "delta_rule", "delta_rule_decode_step",               # chapter 4
     "anna_attention",                                     # chapter 5

@@ -3,14 +3,14 @@
 Three results in ``benchmarks/results/`` take a CPU many minutes to make, so they are committed and the
 tests read them: the static kernel report, the register counts behind ``tests/test_kernel_registers.py``
 and the run of every autotuning candidate through the interpreter. Each is stamped with the inputs it was
-made from (:func:`stamp`, by :mod:`attnlib._provenance`): the sha256 of the code of every repository
+made from (:func:`stamp`, by :mod:`attnbook._provenance`): the sha256 of the code of every repository
 file its script executes -- the script and the closure of its imports, read from the source, so the
 book's code (experiments, figures, exercises) is not among them -- and the versions of the packages that
 compile or run the kernels. A result whose stamp matches the files and versions here is what making it again would
 give; one that does not is stale, and the checks fail at once, naming the command that makes it again
 (``make artifacts`` makes every stale one). Nothing in ``make test`` rebuilds a stale result.
 
-The labs' committed training runs (``benchmarks/results/lab_runs/``, ``attnlib.experiments.lab_runs``)
+The labs' committed training runs (``benchmarks/results/lab_runs/``, ``attnbook.lab_runs``)
 are checked and made again here too, each from the parameters it records.
 
     python -m benchmarks._artifacts            # one line per result: current, or stale and why; exit 1 if stale
@@ -28,8 +28,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from attnlib import _provenance as provenance
-from attnlib._provenance import ROOT
+from attnbook import _provenance as provenance
+from attnbook._provenance import ROOT
 
 
 @dataclass(frozen=True)
@@ -97,7 +97,7 @@ def regenerate(artifact: Artifact) -> int:
 
 def _lab_runs(regenerate: bool) -> int:
     """Check (and with ``regenerate`` make again) every committed lab run; the number still stale."""
-    from attnlib.experiments import lab_runs
+    from attnbook import lab_runs
 
     stale = 0
     for name in lab_runs.names():

@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from attnlib.experiments import anna as ex
+from attnbook.experiments import anna as ex
 from benchmarks._common import device_name, versions  # the benchmarks' record of device and versions
 
 ROOT = Path(__file__).resolve().parent.parent

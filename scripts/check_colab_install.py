@@ -11,8 +11,9 @@ What Colab does, as far as it can be done without Colab:
    distributions (and their dependencies) of the Python running this script are linked into it,
    dist-info included, so pip sees them as installed and must not reinstall them;
 3. run the notebook's first cell in that environment, outside the repository, with the repository URL
-   replaced by ``git+file://<the clone>`` -- the same ``pip install "attnlib @ git+..."`` command;
-4. run the next ``--cells - 1`` code cells, and check that ``attnlib`` was imported from the fresh
+   replaced by ``git+file://<the clone>`` -- the same ``pip install "git+...#subdirectory=attnlib" "git+..."``
+   command (the library, then the book's code);
+4. run the next ``--cells - 1`` code cells, and check that ``attnlib`` and ``attnbook`` were imported from the fresh
    environment and that torch was not reinstalled.
 
 Needs git and pip's index for the build backend (setuptools). Takes about a minute on a 2-core
@@ -100,15 +101,17 @@ def main(argv=None) -> int:
                                    capture_output=True, text=True, check=True).stdout.strip())
         n = link_distributions(closure(PREINSTALLED), site)
         print(f"fresh venv {tmp / 'venv'}: {n} preinstalled entries linked from {sysconfig.get_paths()['purelib']}")
-        probe = subprocess.run([str(py), "-c", "import importlib.util as u; print(u.find_spec('attnlib'))"],
+        probe = subprocess.run([str(py), "-c", "import importlib.util as u; "
+                                "print(u.find_spec('attnlib'), u.find_spec('attnbook'))"],
                                capture_output=True, text=True, check=True, cwd=tmp)
-        if probe.stdout.strip() != "None":
-            print("FAIL: attnlib is importable before the first cell ran")
+        if probe.stdout.strip() != "None None":
+            print("FAIL: attnlib or attnbook is importable before the first cell ran")
             return 1
         script = "\n\n".join([code[0].replace(url, f"file://{clone}")] + code[1:]) + """
 
-import attnlib, torch
+import attnlib, attnbook, torch
 print("ATTNLIB_FILE", attnlib.__file__)
+print("ATTNBOOK_FILE", attnbook.__file__)
 print("TORCH_FILE", torch.__file__)
 """
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
@@ -120,11 +123,12 @@ print("TORCH_FILE", torch.__file__)
             print(f"FAIL: the first {args.cells} cell(s) did not run ({time.perf_counter() - t0:.0f} s)")
             return 1
         where = dict(line.split(" ", 1) for line in out.stdout.splitlines()
-                     if line.startswith(("ATTNLIB_FILE", "TORCH_FILE")))
-        installed_in_venv = where["ATTNLIB_FILE"].startswith(str(site))
+                     if line.startswith(("ATTNLIB_FILE", "ATTNBOOK_FILE", "TORCH_FILE")))
+        installed_in_venv = all(where[k].startswith(str(site)) for k in ("ATTNLIB_FILE", "ATTNBOOK_FILE"))
         here = Path(sysconfig.get_paths()["purelib"]).resolve()
         torch_linked = Path(where["TORCH_FILE"]).resolve().is_relative_to(here)
-        print(f"attnlib imported from {where['ATTNLIB_FILE']} (fresh venv: {installed_in_venv}); "
+        print(f"attnlib imported from {where['ATTNLIB_FILE']}, attnbook from {where['ATTNBOOK_FILE']} "
+              f"(fresh venv: {installed_in_venv}); "
               f"torch from the preinstalled copy: {torch_linked}")
         ok = installed_in_venv and torch_linked
         print(f"{'PASS' if ok else 'FAIL'}: Colab install path, {args.notebook.name}, "

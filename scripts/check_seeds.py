@@ -2,12 +2,12 @@
 
     python scripts/check_seeds.py [NOTEBOOK ...] [--seeds 0,1,2,3,4] [--burners 1] [--timeout 900]
 
-Every lab reads its seed from ``ATTNBOOK_SEED`` in ``attnlib.experiments.lab.setup`` (CI leaves it unset:
+Every lab reads its seed from ``ATTNBOOK_SEED`` in ``attnbook.lab.setup`` (CI leaves it unset:
 seed 0).
 For each notebook and seed this runs ``pytest --nbval-lax`` on the notebook with that seed, while
 ``--burners`` busy-looping processes compete for the CPU -- the labs' asserts must hold on any seed
 and however busy the machine is. The labs run as a reader runs them: no thread setting of this
-script's own (in quick mode ``attnlib.experiments.lab.setup`` uses one thread unless ``OMP_NUM_THREADS`` is
+script's own (in quick mode ``attnbook.lab.setup`` uses one thread unless ``OMP_NUM_THREADS`` is
 set).
 Without a GPU the Triton kernels run through the interpreter (``TRITON_INTERPRET=1``), as in
 ``make notebooks``.

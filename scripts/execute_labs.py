@@ -35,7 +35,7 @@ CACHE = ROOT / "_build" / ".jupyter_cache"      # Jupyter Book's default executi
 FINGERPRINT = CACHE.with_name(".jupyter_cache.fingerprint")
 TIMEOUT = 600                                   # seconds per cell, as `execute: timeout` in _config.yml
 # what the labs' numbers depend on besides their own code
-INPUTS = ("attnlib", "benchmarks/results", "requirements.txt", "requirements-dev.txt", "pyproject.toml")
+INPUTS = ("attnlib", "attnbook", "benchmarks/results", "requirements.txt", "requirements-dev.txt", "pyproject.toml")
 PACKAGES = ("torch", "triton", "numpy", "scipy", "plotly")
 ENV_PREFIXES = ("ATTNBOOK_", "PLOTLY_RENDERER", "TRITON_INTERPRET")
 ANSI = re.compile(r"\x1b\[[0-9;]*m")

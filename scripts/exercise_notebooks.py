@@ -1,4 +1,4 @@
-"""Write each chapter's exercises notebook from ``attnlib.exercises`` (the one home of the statements,
+"""Write each chapter's exercises notebook from ``attnbook.exercises`` (the one home of the statements,
 stubs, solutions and checks), or check that the committed notebooks are what it would write.
 
     python scripts/exercise_notebooks.py           # (re)write notebooks/*_exercises.ipynb
@@ -10,7 +10,7 @@ verdicts (below); the set-up cell of the labs; then per exercise a numbered sect
 a code cell holding the stub and the checker's call, and the solution folded in a ``<details>`` block,
 which JupyterLab, Colab and the built book all show closed. The appendix's notebook switches Triton's
 interpreter on in its first cell, so the kernel puzzles run on any CPU. Every line of code a page shows
-fits ``attnlib.experiments.lab.CODE_WIDTH`` (tests/test_exercises.py).
+fits ``attnbook.lab.CODE_WIDTH`` (tests/test_exercises.py).
 
 The example is text this script writes by running the checker (:data:`VERDICT_EXAMPLES`): one of the
 wrong answers a chapter's module keeps for its tests, executed from the very source the page shows,
@@ -86,12 +86,13 @@ VERDICT_EXAMPLES = {
 
 def setup_source(interpret: bool) -> str:
     lines = [
-        "# Set-up: works locally and on Colab (installs attnlib if missing).",
+        "# Set-up: works locally and on Colab (installs the book's code if missing).",
         "import importlib.util, subprocess, sys",
         f'REPO = "{REPOSITORY}"',
-        'if importlib.util.find_spec("attnlib") is None:',
+        'if importlib.util.find_spec("attnbook") is None:   # attnlib, then the book',
         '    subprocess.run([sys.executable, "-m", "pip", "install", "-q",',
-        '                    f"attnlib @ git+{REPO}"], check=True)',
+        '                    f"git+{REPO}#subdirectory=attnlib", f"git+{REPO}"],',
+        '                   check=True)',
     ]
     if interpret:
         lines += ["import os",
@@ -99,8 +100,8 @@ def setup_source(interpret: bool) -> str:
                   "# this when a kernel is defined, so it is set before anything imports triton.",
                   'os.environ["TRITON_INTERPRET"] = "1"']
     lines += [
-        "from attnlib.experiments.lab import setup",
-        "from attnlib.exercises import checker",
+        "from attnbook.lab import setup",
+        "from attnbook.exercises import checker",
         "lab = setup(seed=0)   # the seed of the checker's random inputs",
         "exercise = checker(lab.seed)",
         "print(lab)",
@@ -124,7 +125,7 @@ def _fn_name(fn) -> str:
 def verdict(ch: str) -> dict:
     """Chapter ``ch``'s verdict example, made by running the checker: the wrong answer's source (under
     the name of the function the reader writes), what the checker says to it, and to the solution."""
-    from attnlib import exercises
+    from attnbook import exercises
 
     name, wrong_name = VERDICT_EXAMPLES[ch]
     ex = exercises.get(name)
@@ -186,7 +187,7 @@ def _cell(kind: str, source: str, key: str) -> dict:
 
 
 def notebook(ch: str) -> tuple[Path, dict]:
-    from attnlib import exercises
+    from attnbook import exercises
 
     lab, heading = CHAPTERS[ch]
     stem = lab.replace("_lab", "_exercises")

@@ -41,7 +41,7 @@ fingerprint, exit code and seconds -- and runs, in :data:`LEDGER`'s order (corre
 against the anchors, then the labs at full scale), the steps not yet done for the present code that fit
 the budget, by each step's last measured time (:data:`ESTIMATE_S` before it has one). A step is done when
 a GPU ran it cleanly with the same fingerprint: the code it executes (every repository file, as the
-committed artifacts are stamped, ``attnlib._provenance``) and the torch and Triton it ran with. Each step
+committed artifacts are stamped, ``attnbook._provenance``) and the torch and Triton it ran with. Each step
 adds its row to ``$OUT``'s ledger file as it ends. ``next --dry-run`` prints the plan and runs nothing.
 
 **Back here**::
@@ -367,15 +367,15 @@ def junit_cases(xml_text: str) -> list[dict]:
 def step_inputs(step: str) -> list[Path]:
     """The files whose code a step's result depends on: the test file or benchmark script and everything
     of the repository it imports; for a lab, the notebook and every module of attnlib (its cells import
-    them as they go)."""
-    from attnlib import _provenance
+    them as they go) and of the book's code."""
+    from attnbook import _provenance
 
     kind, _, name = step.partition(":")
     if kind == "tests":
         return _provenance.closure(ROOT / "tests" / "test_gpu.py")
     if kind == "bench":
         return _provenance.closure(ROOT / "benchmarks" / f"{name}.py")
-    return [LABS[name], *sorted(_provenance.modules(("attnlib",)).values())]
+    return [LABS[name], *sorted(_provenance.modules(("attnlib", "attnbook")).values())]
 
 
 def fingerprint(step: str, versions: dict) -> str:
@@ -383,7 +383,7 @@ def fingerprint(step: str, versions: dict) -> str:
     torch and Triton it runs with (their releases, without a local build tag)."""
     import hashlib
 
-    from attnlib import _provenance
+    from attnbook import _provenance
 
     files = {}
     for path in step_inputs(step):
@@ -444,7 +444,7 @@ def plan_next(budget: float, rows: list[dict], prints: dict[str, str]) -> dict:
 def next_steps(args) -> int:
     """``next``: plan from the ledger, print the plan, and (unless ``--dry-run``) run it as ``run`` does,
     each step's ledger row written as it ends."""
-    from attnlib import _provenance
+    from attnbook import _provenance
 
     results = Path(args.results)
     versions = {pkg: _provenance._version(pkg) for pkg in ("torch", "triton")}   # without importing them

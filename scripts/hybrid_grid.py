@@ -20,7 +20,7 @@ already in the file (a file written with other settings is refused rather than m
 
 Order: the `fits` task first; within a task, one learning rate at a time with every ratio and seed, so
 that a partial file is a complete grid at the learning rates it has. Every random choice flows from
-the run's seed (:func:`run_seed`) through :func:`attnlib.experiments.mqar.train_recall`. One thread:
+the run's seed (:func:`run_seed`) through :func:`attnbook.experiments.mqar.train_recall`. One thread:
 wall seconds are recorded for information, never asserted on.
 """
 
@@ -38,8 +38,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from attnlib.experiments import hybrid as hx
-from attnlib.experiments.mqar import train_recall
+from attnbook.experiments import hybrid as hx
+from attnbook.experiments.mqar import train_recall
 from benchmarks._common import versions  # the benchmarks' record of versions
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -95,7 +95,7 @@ def run_seed(index: int, base: int = BASE_SEED) -> int:
 
 
 def ratio_json(ratio: float) -> str | int:
-    """A ratio as JSON can hold it: ``"all-linear"`` for :data:`attnlib.experiments.hybrid.ALL_LINEAR`
+    """A ratio as JSON can hold it: ``"all-linear"`` for :data:`attnbook.experiments.hybrid.ALL_LINEAR`
     (JSON has no inf), else the int."""
     return "all-linear" if ratio == hx.ALL_LINEAR else int(ratio)
 
@@ -132,7 +132,7 @@ def git_state() -> dict:
         except (OSError, subprocess.CalledProcessError):
             return None
     commit = git("rev-parse", "HEAD")
-    changed = git("status", "--porcelain", "--", "attnlib", "scripts/hybrid_grid.py")
+    changed = git("status", "--porcelain", "--", "attnlib", "attnbook", "scripts/hybrid_grid.py")
     return {"commit": commit.strip() if commit else None,
             "uncommitted": sorted(line[3:] for line in changed.splitlines()) if changed else []}
 
@@ -182,7 +182,7 @@ def pilot_summary(path: Path) -> dict | None:
 
 
 def print_summary(path: Path) -> None:
-    """The grid in ``path`` as a table (:func:`attnlib.experiments.hybrid.grid_summary`): per task, lr and
+    """The grid in ``path`` as a table (:func:`attnbook.experiments.hybrid.grid_summary`): per task, lr and
     ratio, final recall mean +- sd over seeds, how many seeds reached 0.9 and the median step they did."""
     doc = json.loads(path.read_text())
     print(f"{path.name}: {len(doc['runs'])} runs; recall threshold {RECALL_THRESHOLD}")

@@ -1,7 +1,7 @@
 """Train chapter 1's real-input model: a small byte-level Transformer on chapter 6's corpus (53 modules of
 Python's standard library), deterministically from a seed on one CPU thread (a few minutes).
 
-    python scripts/train_byte_model.py                  # the committed run (attnlib.experiments.byte_model.CONFIG)
+    python scripts/train_byte_model.py                  # the committed run (attnbook.experiments.byte_model.CONFIG)
     python scripts/train_byte_model.py --steps 50 --out /tmp/byte_model     # a smoke run
     python scripts/train_byte_model.py --measure-only   # re-measure the committed weights, no training
 
@@ -27,8 +27,8 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from attnlib.experiments import byte_model as bm  # noqa: E402
-from attnlib.experiments.grassmann import fixed_windows, n_params, stdlib_corpus  # noqa: E402
+from attnbook.experiments import byte_model as bm  # noqa: E402
+from attnbook.experiments.grassmann import fixed_windows, n_params, stdlib_corpus  # noqa: E402
 from benchmarks._common import device_name, versions  # noqa: E402
 
 
@@ -75,7 +75,7 @@ def main() -> None:
         params=n_params(model),
         weights_file=out.with_suffix(".pt").name,
         weights_bytes=out.with_suffix(".pt").stat().st_size,
-        corpus=dict(info, source="attnlib.experiments.grassmann.stdlib_corpus", val_fraction=0.1),
+        corpus=dict(info, source="attnbook.experiments.grassmann.stdlib_corpus", val_fraction=0.1),
         eval=dict(windows=cfg.val_windows, window_bytes=cfg.seq_len,
                   how="fixed_windows (evenly spaced, non-overlapping), float16 weights"),
         train_bits_per_byte=train_bpb,
@@ -83,7 +83,7 @@ def main() -> None:
         baselines_bits_per_byte=dict(base, how="add-one smoothed byte frequencies of the training text, "
                                                "scored on the same validation windows"),
         snippet=bm.SNIPPET,
-        head_roles_how=("mean attention mass a query puts on each role's keys (attnlib.experiments.byte_model."
+        head_roles_how=("mean attention mass a query puts on each role's keys (attnbook.experiments.byte_model."
                         "head_roles), layer and head counted from 0 (the figure's head 1.4 is layer 0, head 3); "
                         "'role': the role whose mass most exceeds a uniform head's"),
         head_roles_validation=corpus_roles,

@@ -13,7 +13,7 @@ from hypothesis import settings  # noqa: E402
 if "OMP_NUM_THREADS" not in os.environ:
     # The tests' tensors are small, and torch's intra-op threads wait on each other: with a core taken
     # by another process every op stalls on the descheduled thread (a KL gradcheck went from 0.09 s to
-    # 5.2 s on a busy machine). One thread, as the labs' quick mode (attnlib.experiments.lab.setup) uses.
+    # 5.2 s on a busy machine). One thread, as the labs' quick mode (attnbook.lab.setup) uses.
     torch.set_num_threads(1)
 
 if os.environ["TRITON_INTERPRET"] == "1":

@@ -217,7 +217,7 @@ def test_bad_inputs_raise_clear_errors():
 # ---------------------------------------------------------------------------- chapter 5's tasks
 
 def test_match2_labels_follow_the_definition():
-    from attnlib.experiments.anna import match2
+    from attnbook.experiments.anna import match2
     x, y = match2(50, N=32, M=37, seed=3)
     assert x.shape == y.shape == (50, 32) and x.min() >= 0 and x.max() < 37
     for s in range(50):
@@ -244,7 +244,7 @@ def _khop_by_the_generators_loop(xs, k, blank):
 
 @pytest.mark.parametrize("k", [1, 2, 3])
 def test_khop_induction_labels_follow_the_definition_and_adjacent_tokens_differ(k):
-    from attnlib.experiments.anna import khop_induction
+    from attnbook.experiments.anna import khop_induction
     x, y = khop_induction(20, N=40, k=k, alphabet=4, seed=k)
     assert (x[:, 1:] != x[:, :-1]).all()
     for s in range(20):
@@ -253,7 +253,7 @@ def test_khop_induction_labels_follow_the_definition_and_adjacent_tokens_differ(
 
 
 def test_tasks_reject_bad_sizes():
-    from attnlib.experiments.anna import khop_induction, match2
+    from attnbook.experiments.anna import khop_induction, match2
     with pytest.raises(ValueError, match="match2 needs"):
         match2(4, N=0)
     with pytest.raises(ValueError, match="khop_induction needs"):
@@ -261,7 +261,7 @@ def test_tasks_reject_bad_sizes():
 
 
 def test_anna_conditions_read_off_the_weights_equal_the_collision_criterion():
-    from attnlib.experiments.anna import anna_conditions, planted_instance
+    from attnbook.experiments.anna import anna_conditions, planted_instance
     inst = planted_instance(16, 64, 16, theta_near=math.pi / 10, n_near=2, c=2.0, seed=0)
     for n_tables, n_bits in [(1, 4), (8, 10), (32, 16)]:
         res = anna_conditions(inst, n_tables, n_bits, seed=1)
@@ -269,7 +269,7 @@ def test_anna_conditions_read_off_the_weights_equal_the_collision_criterion():
 
 
 def test_surrogate_trains_and_is_evaluated_with_softmax_or_anna():
-    from attnlib.experiments.anna import SURROGATES, error_rate, train_surrogate
+    from attnbook.experiments.anna import SURROGATES, error_rate, train_surrogate
     for task in ("match2", "induction"):
         for surrogate in SURROGATES:
             model = train_surrogate(task, steps=3, seed=0, d=16, batch=4, surrogate=surrogate,
@@ -292,7 +292,7 @@ def test_surrogate_trains_and_is_evaluated_with_softmax_or_anna():
 def test_simhash_limit_surrogate_is_the_many_table_limit_of_anna(seed, z):
     """softmax of the surrogate's logits = p(theta)^z normalised per row: the weights ANNA tends to as
     l -> infinity (chapter 5, "Many tables")."""
-    from attnlib.experiments.anna import surrogate_logits
+    from attnbook.experiments.anna import surrogate_logits
     g = torch.Generator().manual_seed(seed)
     q = torch.nn.functional.normalize(torch.randn(5, 7, generator=g, **F64), dim=-1)
     k = torch.nn.functional.normalize(torch.randn(9, 7, generator=g, **F64), dim=-1)
@@ -302,7 +302,7 @@ def test_simhash_limit_surrogate_is_the_many_table_limit_of_anna(seed, z):
 
 
 def test_simhash_limit_surrogate_has_finite_gradients_at_identical_and_opposite_vectors():
-    from attnlib.experiments.anna import surrogate_logits
+    from attnbook.experiments.anna import surrogate_logits
     q = torch.tensor([[1.0, 0.0], [0.0, 1.0]], **F64, requires_grad=True)
     k = torch.tensor([[1.0, 0.0], [-1.0, 0.0]], **F64)
     surrogate_logits(q, k, "simhash_limit", n_bits=4).sum().backward()
@@ -310,7 +310,7 @@ def test_simhash_limit_surrogate_has_finite_gradients_at_identical_and_opposite_
 
 
 def test_partner_geometry_reads_a_model_whose_queries_are_their_partners_keys():
-    from attnlib.experiments.anna import TinyModel, match2_partner_geometry
+    from attnbook.experiments.anna import TinyModel, match2_partner_geometry
     M, d = 37, 40
     model = TinyModel(M, 2, d, 1, causal=False, max_len=32)
     with torch.no_grad():
@@ -325,8 +325,8 @@ def test_partner_geometry_reads_a_model_whose_queries_are_their_partners_keys():
 
 
 def test_reproduction_summary_means_over_seeds_and_figure_has_one_frame_per_surrogate():
-    from attnlib.experiments.anna import summarise_reproduction
-    from attnlib.widgets.anna import reproduction_figure
+    from attnbook.experiments.anna import summarise_reproduction
+    from attnbook.widgets.anna import reproduction_figure
     rows = [dict(surrogate=s, seed=i, surrogate_error=0.1 * i, anna_error=[[0.5, 0.4], [0.3, 0.2 + 0.1 * i]],
                  partner_cos_mean=0.9, max_other_cos_mean=0.3)
             for s in ("softmax", "simhash_limit") for i in range(3)]
@@ -350,8 +350,8 @@ def test_reproduction_summary_means_over_seeds_and_figure_has_one_frame_per_surr
 
 
 def test_plan_figure_has_one_frame_per_setting_and_anna_rows_sum_to_one_or_zero():
-    from attnlib.experiments.anna import anna_plans
-    from attnlib.widgets.anna import anna_plan_figure, conditions_heatmap
+    from attnbook.experiments.anna import anna_plans
+    from attnbook.widgets.anna import anna_plan_figure, conditions_heatmap
     g = torch.Generator().manual_seed(0)
     k = torch.nn.functional.normalize(torch.randn(9, 5, generator=g, **F64), dim=-1)
     q = torch.nn.functional.normalize(k[:7] + 0.3 * torch.randn(7, 5, generator=g, **F64), dim=-1)
@@ -382,9 +382,9 @@ def test_plan_figure_has_one_frame_per_setting_and_anna_rows_sum_to_one_or_zero(
 
 
 def test_plan_explorer_redraws_anna_panels_when_a_slider_moves():
-    from attnlib.experiments.anna import anna_plan_at
-    from attnlib.experiments.weights import anna_weights
-    from attnlib.widgets.anna import anna_plan_explorer
+    from attnbook.experiments.anna import anna_plan_at
+    from attnbook.experiments.weights import anna_weights
+    from attnbook.widgets.anna import anna_plan_explorer
     g = torch.Generator().manual_seed(1)
     k = torch.nn.functional.normalize(torch.randn(6, 4, generator=g, **F64), dim=-1)
     box = anna_plan_explorer(anna_plan_at(k, k), seed=2)
@@ -396,7 +396,7 @@ def test_plan_explorer_redraws_anna_panels_when_a_slider_moves():
 
 
 def _match2_model_and_sequences(n, seed=0):
-    from attnlib.experiments.anna import match2, train_surrogate
+    from attnbook.experiments.anna import match2, train_surrogate
     model = train_surrogate("match2", steps=2, seed=seed, d=16, batch=4, surrogate="simhash_limit", n_bits=3)
     x, y = match2(n, 32, model.emb.num_embeddings, seed=seed + 1)
     return model, x, y
@@ -411,7 +411,7 @@ def test_partner_mass_of_the_simhash_limit_plan_equals_a_dense_definition_and_an
     """The served plan's partner mass, against (a) softmax(z log(1 - theta / pi)) built here from the
     model's unit q, k and a partner mask written here, and (b) ANNA's own weights at l = 4096 tables
     on the same vectors (the plan is their l -> infinity limit)."""
-    from attnlib.experiments.anna import match2_partner_mass
+    from attnbook.experiments.anna import match2_partner_mass
     z, n = 3, 6
     model, x, y = _match2_model_and_sequences(n)
     M = model.emb.num_embeddings
@@ -440,7 +440,7 @@ def test_partner_mass_of_the_simhash_limit_plan_equals_a_dense_definition_and_an
 def test_layer_served_the_many_table_limit_attends_with_normalised_collision_probabilities():
     """``anna=(math.inf, z, None)`` serves p(theta)^z / sum_j p(theta)^z, built here from the angles,
     causal rows cut at the diagonal."""
-    from attnlib.experiments.anna import SurrogateLayer
+    from attnbook.experiments.anna import SurrogateLayer
     torch.manual_seed(0)
     for causal in (False, True):
         layer = SurrogateLayer(8, causal=causal).double()
@@ -456,7 +456,7 @@ def test_layer_served_the_many_table_limit_attends_with_normalised_collision_pro
 
 
 def test_best_cell_error_searches_only_the_cells_inside_the_bounds():
-    from attnlib.experiments.anna import best_cell_error
+    from attnbook.experiments.anna import best_cell_error
     grid = lambda d: [[0.9, 0.5 + d], [0.4, 0.1 + d]]                     # noqa: E731  ls [8, 64] x zs [2, 16]
     doc = {"config": {"ls": [8, 64], "zs": [2, 16]},
            "rows": [dict(surrogate="softmax", anna_error=grid(d)) for d in (0.0, 0.2)]}
@@ -471,7 +471,7 @@ def test_best_cell_error_searches_only_the_cells_inside_the_bounds():
 
 @pytest.mark.parametrize("n_tables,n_bits", [(3, 2), (64, 8)])
 def test_match2_anna_weights_counted_per_symbol_equal_anna_on_the_sequences(n_tables, n_bits):
-    from attnlib.experiments.anna import match2_anna_weights
+    from attnbook.experiments.anna import match2_anna_weights
     model, x, _ = _match2_model_and_sequences(5, seed=2)
     w = match2_anna_weights(model, x, n_tables, n_bits, seed=7)
     q, k = _unit_qk(model, x)
@@ -486,7 +486,7 @@ def test_match2_anna_weights_counted_per_symbol_equal_anna_on_the_sequences(n_ta
 def test_match2_set_weighting_is_uniform_over_the_keys_that_collide_in_some_table(n_tables, n_bits):
     """``weighting="set"``: the keys with a non-zero weight in ANNA's own (count) weights, each weighted
     alike -- built here from ``anna_attention`` on the sequences; rows with no collision stay zero."""
-    from attnlib.experiments.anna import anna_error_grid, match2_anna_weights
+    from attnbook.experiments.anna import anna_error_grid, match2_anna_weights
     model, x, _ = _match2_model_and_sequences(5, seed=3)
     w_set = match2_anna_weights(model, x, n_tables, n_bits, seed=11, weighting="set")
     q, k = _unit_qk(model, x)

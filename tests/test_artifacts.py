@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from attnlib import _provenance as provenance
-from attnlib.experiments import hybrid as hx
-from attnlib.experiments import lab_runs
+from attnbook import _provenance as provenance
+from attnbook import lab_runs
+from attnbook.experiments import hybrid as hx
 from benchmarks import _artifacts as artifacts
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -33,10 +33,10 @@ def test_the_kernel_results_read_the_kernels_and_ops_but_not_the_book():
         files = set(artifacts.stamp(a)["inputs"]["files"])
         assert a.script in files
         assert {"attnlib/kernels/flash/forward.py", "attnlib/attention.py", "attnlib/_backend.py"} <= files, a.name
-        book = sorted(f for f in files if f.startswith(("attnlib/experiments/", "attnlib/widgets/",
-                                                        "attnlib/exercises/", "notebooks/", "book/", "tests/")))
+        book = sorted(f for f in files if f.startswith(("attnbook/experiments/", "attnbook/widgets/",
+                                                        "attnbook/exercises/", "notebooks/", "book/", "tests/")))
         assert not book, (a.name, book)
-        assert "attnlib/_provenance.py" not in files and "benchmarks/_artifacts.py" not in files   # the stamping
+        assert "attnbook/_provenance.py" not in files and "benchmarks/_artifacts.py" not in files   # the stamping
     report = artifacts.stamp(artifacts.BY_NAME["kernel report"])["inputs"]
     assert {"benchmarks/kernel_report/compile.py", "benchmarks/_common.py"} <= set(report["files"])
     assert set(report["versions"]) == {"torch", "triton", "fla-core", "python"}
@@ -45,7 +45,7 @@ def test_the_kernel_results_read_the_kernels_and_ops_but_not_the_book():
 @pytest.fixture
 def tree(tmp_path, monkeypatch):
     """A copy of the code the results read, with ``provenance.ROOT`` pointing at it."""
-    for d in ("attnlib", "benchmarks", "scripts"):
+    for d in ("attnlib", "attnbook", "benchmarks", "scripts"):
         shutil.copytree(ROOT / d, tmp_path / d, ignore=shutil.ignore_patterns("__pycache__", "results", "*.json"))
     monkeypatch.setattr(provenance, "ROOT", tmp_path)
     monkeypatch.setattr(artifacts, "ROOT", tmp_path)
@@ -78,8 +78,8 @@ def test_a_rewrapped_commented_or_redocumented_kernel_leaves_the_kernel_results_
 
 def test_a_changed_exercise_figure_or_experiment_leaves_the_kernel_results_current(tree):
     before = {a.name: artifacts.stamp(a) for a in artifacts.ARTIFACTS}
-    for f in ("exercises/ch01.py", "widgets/_style.py", "experiments/landscape.py"):
-        (tree / "attnlib" / f).write_text((tree / "attnlib" / f).read_text() + "\n_A_CHANGE = 1\n")
+    for f in ("exercises/ch01.py", "widgets/_style.py", "experiments/landscape.py", "lab.py"):
+        (tree / "attnbook" / f).write_text((tree / "attnbook" / f).read_text() + "\n_A_CHANGE = 1\n")
     assert all(artifacts.staleness(a, before[a.name]) == [] for a in artifacts.ARTIFACTS)
 
 
@@ -128,10 +128,17 @@ def runs_dir(tmp_path, monkeypatch):
     return tmp_path
 
 
+def test_a_run_of_an_experiment_lab_runs_does_not_name_is_refused(runs_dir, monkeypatch):
+    """A committed run must be one `rerun` can make again, from the experiments named by import statement."""
+    monkeypatch.setenv("ATTNBOOK_RUNS", "write")
+    with pytest.raises(ValueError, match="not among lab_runs.EXPERIMENTS"):
+        _lab().run("t", _counter([]), x=3)
+
+
 def _lab(quick=True):
     import torch
 
-    from attnlib.experiments.lab import Lab
+    from attnbook.lab import Lab
 
     return Lab(seed=0, device=torch.device("cpu"), quick=quick, on_colab=False)
 
@@ -148,13 +155,14 @@ def _counter(calls):
 def test_a_lab_run_is_written_then_read_and_a_change_of_parameters_is_refused(runs_dir, monkeypatch, capsys):
     calls: list = []
     experiment = _counter(calls)
+    monkeypatch.setitem(lab_runs.EXPERIMENTS, "tests.test_artifacts._counted", experiment)
     monkeypatch.setenv("ATTNBOOK_RUNS", "write")
     written = _lab().run("t", experiment, x=3)
     assert calls == [3] and written == {"x": 3, "square": 9, "pair": [3, 3]}     # as JSON has it
     monkeypatch.setenv("ATTNBOOK_RUNS", "require")
     assert _lab().run("t", experiment, x=3) == written and calls == [3]          # read, not run
     assert "read from" in capsys.readouterr().out
-    from attnlib.experiments.lab import LabCheckFailed
+    from attnbook.lab import LabCheckFailed
 
     with pytest.raises(LabCheckFailed, match=r"other parameters: x.*python -m benchmarks._artifacts --regenerate"):
         _lab().run("t", experiment, x=4)

@@ -12,11 +12,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import attnlib
+from attnbook.experiments import needle
 from attnlib import _numerics, _validate, deltanet, eot, linear
 from attnlib import anna as anna_module
 from attnlib import attention as attention_module
 from attnlib import sparse as sparse_module
-from attnlib.experiments import needle
 from attnlib.metrics import rel_rms
 
 F64 = torch.float64

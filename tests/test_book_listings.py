@@ -27,7 +27,7 @@ from myst_parser.config.main import MdParserConfig
 from myst_parser.parsers.mdit import create_md_parser
 from myst_parser.parsers.options import options_to_items
 
-from attnlib.experiments.lab import CODE_WIDTH
+from attnbook.lab import CODE_WIDTH
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = sorted((ROOT / "book").glob("*.md"))

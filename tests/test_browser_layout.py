@@ -51,7 +51,7 @@ THEME = """<button class="primary-toggle" style="display: none">☰</button>
   d.addEventListener('click', e => { if (e.target === d) d.close(); });
   d.addEventListener('close', () => s.append(...d.childNodes));
 })();</script>"""
-LONG = "attnlib.experiments.hybrid.hybrid_pattern(n_layers, ratio)"
+LONG = "attnbook.experiments.hybrid.hybrid_pattern(n_layers, ratio)"
 FITS = {
     "output": '<div class="cell_output"><pre>✓ a claim\n  (its numbers)</pre></div>',
     "table": ('<div class="pst-scrollable-table-container" style="overflow-x: auto"><table style="width: 500px">'
@@ -182,7 +182,7 @@ def test_hovering_a_cell_of_an_attention_map_outlines_its_row(browser, tmp_path)
     over a cell outlines that query's row, and leaving the figure removes the outline."""
     import plotly
 
-    from attnlib.widgets._style import hover_rows
+    from attnbook.widgets._style import hover_rows
     fig = hover_rows(plotly.graph_objects.Figure(plotly.graph_objects.Heatmap(z=[[1, 0, 0], [0.5, 0.5, 0],
                                                                                [0.2, 0.3, 0.5]])))
     fig.update_layout(width=400, height=400, margin=dict(l=40, r=40, t=40, b=40))

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from attnlib.experiments import byte_model as bm
-from attnlib.experiments.grassmann import stdlib_corpus
+from attnbook.experiments import byte_model as bm
+from attnbook.experiments.grassmann import stdlib_corpus
 
 ROOT = Path(__file__).resolve().parents[1]
 SLICE_WINDOWS, SLICE_BYTES = 48, 64          # the fixed slice: the validation text's first 48 x 64 bytes
@@ -151,7 +151,7 @@ def test_linear_weights_are_a_causal_plan_on_the_same_queries(att):
 
 
 def test_real_input_figure(att):
-    from attnlib.widgets.real_input import real_input_figure
+    from attnbook.widgets.real_input import real_input_figure
 
     views = bm.head_views(att)
     fig = real_input_figure(att, views, active=1)

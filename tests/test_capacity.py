@@ -1,11 +1,11 @@
-"""State capacity without training (attnlib.experiments.recall, chapter 7): store N key--value pairs in
+"""State capacity without training (attnbook.experiments.recall, chapter 7): store N key--value pairs in
 one pass, read the stored keys back. Softmax keeps every pair; Hebbian (linear attention) superposes;
 the delta rule overwrites -- and wins only where there is something to overwrite."""
 
 import pytest
 import torch
 
-from attnlib.experiments.recall import associative_recall, recall_vs_pairs
+from attnbook.experiments.recall import associative_recall, recall_vs_pairs
 
 SEEDS = range(5)
 

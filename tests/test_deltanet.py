@@ -199,7 +199,8 @@ def test_triton_kernel_takes_strided_inputs_and_splits_dv(rel_err):
     q, k, v, beta, g = make(B=1, H=2, T=40, D=16, Dv=40, gated=True, dtype=torch.float32)
     qt = q.transpose(1, 2).contiguous().transpose(1, 2)            # [B, T, H, D] memory, same values
     o_r, S_r = delta_rule(q, k, v, beta, g=g, mode="recurrent", output_final_state=True, scale=0.5)
-    o_t, S_t = delta_rule_chunk_forward(qt, k, v, beta, g, scale=0.5, chunk_size=16, block_v=16)
+    o_t, S_t = delta_rule_chunk_forward(qt, k, v, beta, g, scale=0.5, chunk_size=16, output_final_state=True,
+                                       block_v=16)
     assert rel_err(o_t, o_r) < 1e-5 and rel_err(S_t, S_r) < 1e-5
 
 
@@ -279,8 +280,8 @@ def test_length_one_and_empty_batch():
 # ------------------------------------------------------------------ the chapter's figures
 
 def test_stability_explorer_builds_and_responds():
-    from attnlib.experiments import deltanet as xd
-    from attnlib.widgets import deltanet as wdn
+    from attnbook.experiments import deltanet as xd
+    from attnbook.widgets import deltanet as wdn
     box = wdn.stability_explorer(lambda b, n: xd.norm_history(b, n, T=40, D=8, seed=0))
     (b_slider, _n_slider), fig = box.children[0].children, box.children[1]
     before = list(fig.data[0].y)

@@ -1,6 +1,6 @@
 """The exercises' checker can pass a right answer and fail a wrong one, with the words a reader needs.
 
-For every exercise in ``attnlib.exercises``: its solution, executed from the source the book shows
+For every exercise in ``attnbook.exercises``: its solution, executed from the source the book shows
 (``imports`` + ``solution_source()``, in a fresh namespace, as a reader's notebook would), passes on
 several seeds; each plausible wrong answer written for it fails, and its message carries the hint meant
 for it; the stub the reader starts from says "not attempted" instead of raising. And the exercises
@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from attnlib import exercises
-from attnlib.exercises._checker import WIDTH, Case, Exercise, Wrong, compare, run
-from attnlib.experiments.lab import CODE_WIDTH
+from attnbook import exercises
+from attnbook.exercises._checker import WIDTH, Case, Exercise, Wrong, compare, run
+from attnbook.lab import CODE_WIDTH
 
 ROOT = Path(__file__).resolve().parents[1]
 ALL = exercises.all_exercises()
@@ -199,12 +199,13 @@ def test_every_line_of_code_an_exercises_page_shows_fits_a_code_box(page):
     assert not long, f"{page.name}: lines over {CODE_WIDTH} characters: {long}"
 
 
-SETUP = """# Set-up: works locally and on Colab (installs attnlib if missing).
+SETUP = """# Set-up: works locally and on Colab (installs the book's code if missing).
 import importlib.util, subprocess, sys
 REPO = "https://github.com/attention-as-transport/attention-as-transport"
-if importlib.util.find_spec("attnlib") is None:
+if importlib.util.find_spec("attnbook") is None:   # attnlib, then the book
     subprocess.run([sys.executable, "-m", "pip", "install", "-q",
-                    f"attnlib @ git+{REPO}"], check=True)
+                    f"git+{REPO}#subdirectory=attnlib", f"git+{REPO}"],
+                   check=True)
 """
 
 

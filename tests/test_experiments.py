@@ -1,4 +1,4 @@
-"""The labs' experiments (attnlib.experiments): counts are exact, fits recover what they fit, the
+"""The labs' experiments (attnbook.experiments): counts are exact, fits recover what they fit, the
 recall experiment measures the crosstalk it predicts, and the timing helper returns its spread."""
 
 import math
@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 import torch
 
-from attnlib.experiments import linear as xl
-from attnlib.experiments._measure import count_flops
-from attnlib.experiments.recall import associative_recall
+from attnbook.experiments import linear as xl
+from attnbook.experiments._measure import count_flops
+from attnbook.experiments.recall import associative_recall
 
 
 def test_state_bytes_are_constant_while_the_kv_cache_grows():
@@ -96,7 +96,7 @@ def test_count_flops_counts_a_matmul_as_2mnk():
 
 
 def test_normalised_linear_attention_weights_are_a_plan_only_with_positive_features():
-    from attnlib.experiments.weights import linear_attention_weights
+    from attnbook.experiments.weights import linear_attention_weights
     g = torch.Generator().manual_seed(0)
     q, k = (0.5 * torch.randn(12, 6, generator=g, dtype=torch.float64) for _ in range(2))
     for fm in ("elu1", "favor+"):
@@ -128,7 +128,7 @@ def _tiny_report():
 
 
 def test_launch_bytes_are_read_per_launch_and_per_pass():
-    from attnlib.experiments import kernels as xk
+    from attnbook.experiments import kernels as xk
 
     r = _tiny_report()
     got = xk.launches(r, "fla", "linear", "1x2x64x16")

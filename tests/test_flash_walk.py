@@ -1,5 +1,5 @@
-"""The flash forward's trace (``attnlib.experiments.flash_walk``) and the roofline's counts
-(``attnlib.experiments.roofline``): the trace is the real kernel's state, its last tile is the kernel's
+"""The flash forward's trace (``attnbook.experiments.flash_walk``) and the roofline's counts
+(``attnbook.experiments.roofline``): the trace is the real kernel's state, its last tile is the kernel's
 output, and the counts are what they say."""
 
 import math
@@ -7,9 +7,9 @@ import math
 import pytest
 import torch
 
+from attnbook.experiments import roofline
+from attnbook.experiments.flash_walk import flash_walk
 from attnlib import _backend, softmax_attention
-from attnlib.experiments import roofline
-from attnlib.experiments.flash_walk import flash_walk
 
 needs_kernel = pytest.mark.skipif(not (_backend.INTERPRET or torch.cuda.is_available()),
                                   reason="the kernel runs on a GPU or through TRITON_INTERPRET=1")

@@ -206,7 +206,7 @@ def test_rehearsal_of_next_on_cpu_runs_the_undone_steps_and_writes_their_ledger_
     """A fake device's ledger says every step is done but one test slice; `next` on this CPU runs exactly
     that (the GPU tests skip), packs its results and its ledger row, and rows made on a CPU never mark a
     step done. (The benchmarks' own smoke runs are tests/test_benchmarks.py's.)"""
-    from attnlib import _provenance
+    from attnbook import _provenance
 
     versions = {pkg: _provenance._version(pkg) for pkg in ("torch", "triton")}
     prints = {step: gs.fingerprint(step, versions) for step in gs.LEDGER}

@@ -476,8 +476,8 @@ def test_empty_batch_and_length_zero():
 # ---------------------------------------------------------------------------------------- figures
 
 def test_figures_build_with_a_frame_per_r_and_offset():
-    from attnlib.experiments.grassmann import pair_plane, planes_in_r3, plucker_feature_maps
-    from attnlib.widgets.grassmann import features_figure, pair_figure, planes_figure
+    from attnbook.experiments.grassmann import pair_plane, planes_in_r3, plucker_feature_maps
+    from attnbook.widgets.grassmann import features_figure, pair_figure, planes_figure
     fig = planes_figure(planes_in_r3([(np.array([1.0, 0, 0]), np.array([0, 1.0, 0]))]))
     assert "p = (1.00, 0.00, 0.00)" in fig.layout.title.subtitle.text     # e0 ^ e1: only p_01
     z = torch.randn(12, 5, dtype=F64)
@@ -493,8 +493,8 @@ def test_figures_build_with_a_frame_per_r_and_offset():
 
 def test_pair_explorer_builds_with_a_slider_and_an_offset_menu():
     pytest.importorskip("ipywidgets")
-    from attnlib.experiments.grassmann import pair_plane
-    from attnlib.widgets.grassmann import pair_explorer
+    from attnbook.experiments.grassmann import pair_plane
+    from attnbook.widgets.grassmann import pair_explorer
     layer, h = CausalGrassmannMixing(8, reduced_dim=3, offsets=(1, 2)), torch.randn(1, 6, 8)
     box = pair_explorer(lambda t, delta: pair_plane(layer, h, t, delta), T=6, offsets=layer.offsets)
     controls, _ = box.children
@@ -506,14 +506,14 @@ def test_pair_explorer_builds_with_a_slider_and_an_offset_menu():
 # ------------------------------------------------------------------------------------ experiments
 
 def test_matched_models_differ_by_less_than_three_percent_in_parameters():
-    from attnlib.experiments import grassmann as gx
+    from attnbook.experiments import grassmann as gx
     for cfg in (gx.QUICK, gx.FULL):
         sizes = gx.matched_sizes(cfg)
         assert abs(sizes["grassmann"] / sizes["transformer"] - 1) < 0.03
 
 
 def test_corpus_is_the_fixed_stdlib_split():
-    from attnlib.experiments import grassmann as gx
+    from attnbook.experiments import grassmann as gx
     train, val, info = gx.stdlib_corpus()
     assert train.dtype == torch.uint8 and info["files"] == len(gx.CORPUS_FILES) == 53
     assert 0.09 < val.numel() / (train.numel() + val.numel()) < 0.11
@@ -524,7 +524,7 @@ def test_corpus_is_the_fixed_stdlib_split():
 
 
 def test_dependence_lags_are_exactly_the_sums_of_at_most_depth_offsets():
-    from attnlib.experiments import grassmann as gx
+    from attnbook.experiments import grassmann as gx
     torch.manual_seed(0)
     offsets = (1, 2, 4, 8, 12, 16)
     model = gx.GrassmannLM(d_model=12, n_layers=2, reduced_dim=4, offsets=offsets, max_len=40)
@@ -535,7 +535,7 @@ def test_dependence_lags_are_exactly_the_sums_of_at_most_depth_offsets():
 
 
 def test_training_runs_and_summary_reports_gap():
-    from attnlib.experiments import grassmann as gx
+    from attnbook.experiments import grassmann as gx
     train, val, _ = gx.stdlib_corpus()
     cfg = gx.LMConfig(d_model=16, reduced_dim=5, n_heads=2, seq_len=16, batch=2, steps=2, val_windows=4)
     runs = [vars(gx.train_lm(k, "pre", cfg, train, val, seed=s)) for k in ("transformer", "grassmann")
@@ -546,7 +546,7 @@ def test_training_runs_and_summary_reports_gap():
 
 
 def test_paper_order_equals_the_layer_and_crossover_interpolates():
-    from attnlib.experiments import grassmann as gx
+    from attnbook.experiments import grassmann as gx
     layer = CausalGrassmannMixing(16, 5, (1, 2, 4)).double()
     h = torch.randn(1, 9, 16, dtype=F64)
     assert torch.allclose(gx.grassmann_mixing_paper_order(layer, h), layer.mixing_signal(h)[1])

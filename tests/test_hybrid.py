@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from attnlib.experiments.hybrid import (
+from attnbook.experiments.hybrid import (
     ALL_LINEAR,
     LINEAR_MIXERS,
     answers_a_commonest_value,
@@ -19,7 +19,7 @@ from attnlib.experiments.hybrid import (
     recall_by_pair,
     recall_without,
 )
-from attnlib.experiments.mqar import RecallModel, mqar_batch, recall_accuracy, train_recall
+from attnbook.experiments.mqar import RecallModel, mqar_batch, recall_accuracy, train_recall
 
 
 def test_pattern_closes_each_group_with_one_full_layer():
@@ -169,7 +169,7 @@ def test_recall_without_switches_layers_off_and_restores_them():
 
 
 def test_hybrid_recall_figure_draws_seeds_and_means_with_a_step_per_mixer():
-    from attnlib.widgets.hybrid import hybrid_recall_figure
+    from attnbook.widgets.hybrid import hybrid_recall_figure
     recall = {"Gated DeltaNet": {0.0: [0.3, 0.4, 0.2], 0.125: [0.3, 0.3, 0.3], 1.0: [1.0, 0.9, 0.95]},
               "linear": {0.0: [0.1, 0.2, 0.3], 1.0: [1.0, 0.9, 0.95]}}
     fig = hybrid_recall_figure(recall, title="t", chance=0.125, ratio_labels={0.0: "all-linear"})

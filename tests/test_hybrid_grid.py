@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from attnlib.experiments.hybrid import ALL_LINEAR, grid_curves, grid_summary, hybrid_pattern, steps_to_recall
-from attnlib.experiments.mqar import curve_steps, train_recall
+from attnbook.experiments.hybrid import ALL_LINEAR, grid_curves, grid_summary, hybrid_pattern, steps_to_recall
+from attnbook.experiments.mqar import curve_steps, train_recall
 
 ROOT = Path(__file__).resolve().parent.parent
 GRID = ROOT / "benchmarks" / "results" / "hybrid_grid.json"
@@ -59,7 +59,7 @@ def test_a_learning_curve_does_not_change_the_training():
 
 
 def test_the_curve_evaluates_in_eval_mode_and_trains_in_train_mode(monkeypatch):
-    from attnlib.experiments import mqar
+    from attnbook.experiments import mqar
     seen = []
     forward = mqar.RecallModel.forward
 
@@ -149,7 +149,7 @@ def test_grid_curves_groups_by_task_lr_and_ratio():
 
 
 def test_the_curves_figure_draws_every_ratio_with_a_step_per_task_and_lr():
-    from attnlib.widgets.hybrid import hybrid_curves_figure
+    from attnbook.widgets.hybrid import hybrid_curves_figure
     curves = grid_curves(SYNTHETIC + [_run("fits", 0, "all-softmax", 1.0, 3e-2, 1, [(0, .1), (75, .2)])])
     fig = hybrid_curves_figure(curves, title="Recall while training", chance={"fits": 1 / 8, "exceeds": 1 / 64})
     assert [f.name for f in fig.frames] == ["fits, lr 0.01", "fits, lr 0.03", "exceeds, lr 0.003"]

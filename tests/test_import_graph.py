@@ -1,6 +1,8 @@
-"""attnlib's import graph, read from the source (ast, nothing imported; ``attnlib._provenance`` reads
-it): no module may import itself through others, and the operators and kernels never reach for the
-labs' code.
+"""The repository's import graph, read from the source (ast, nothing imported; ``attnbook._provenance`` reads
+it), over its three packages: ``attnlib`` (the library a user of the kernels installs), ``attnbook`` (the
+book's code) and ``benchmarks``. No module may import itself through others, and every edge runs down the
+layers (:data:`LAYERS`): the operators and kernels never reach for the book's code, the experiments never
+for the figures, the exercises or the lab.
 
 A cycle works at runtime only as long as the import order happens to suit it (``grassmann`` and its
 kernel once imported each other through a function-level import), so every import counts: at the top
@@ -8,14 +10,9 @@ of a module, inside a function, under ``TYPE_CHECKING``. Importing ``a.b.c`` als
 of ``a.b``, so those packages are edges too (except the importer's own ancestors, which are running
 already).
 
-The layers: the operator modules (``attnlib/*.py``) and ``attnlib/kernels/**`` are the library; the
-experiments (``attnlib.experiments``), figures (``attnlib.widgets``) and exercises
-(``attnlib.exercises``) are built on it, never the other way round; the exercises are built on the
-experiments, which never import them. A package ``__init__`` may re-export whatever it likes.
-
 The graph is read from import statements, so a module loaded by name (``importlib.import_module``,
-``__import__``) would be an edge it cannot see: none is allowed but the one command that re-makes a
-committed run from the experiment it names (:data:`DYNAMIC_IMPORTS`).
+``__import__``) would be an edge it cannot see: none is allowed, in the packages or in the scripts, but
+two that load what the process has already imported by its statements (:data:`DYNAMIC_IMPORTS`).
 """
 
 from __future__ import annotations
@@ -23,24 +20,47 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from attnlib._provenance import graph, modules, within
+from attnbook._provenance import PACKAGES, ROOT, graph, modules, within
 
-LAB_LAYERS = ("attnlib.experiments", "attnlib.widgets", "attnlib.exercises")
-# (module, function) allowed to load a module by name: `rerun` re-makes a committed run (a command, run
-# by `make artifacts`) from the experiment its record names
-DYNAMIC_IMPORTS = {("attnlib.experiments.lab_runs", "rerun")}
+# Bottom to top: a module may import its own layer's modules and those of the layers below, never above.
+LAYERS = (
+    "attnlib",                   # the operators and their kernels
+    "attnbook._provenance",      # the stamps of committed results (imports nothing of the book)
+    "attnbook.mechanisms",       # where the book shows each of the library's mechanisms
+    "attnbook.experiments",      # what the labs measure
+    "attnbook.widgets",          # the figures: draw what the experiments return
+    "attnbook.exercises",        # the exercises and their checker
+    "attnbook.lab_runs",         # committed training runs of the experiments
+    "attnbook.lab",              # a lab's set-up and checks
+    "benchmarks",                # the benchmarks and the committed results' checks
+)
+# (file, function) allowed to load a module by name, and why the graph misses no edge by it
+DYNAMIC_IMPORTS = {
+    # the versions of the packages a benchmark ran with (torch, triton, fla, attnlib): each already imported
+    ("benchmarks/_common.py", "versions"),
+    # a compile worker finds a kernel by the "module:qualname" its parent recorded from an imported module
+    ("benchmarks/kernel_report/compile.py", "resolve_kernel"),
+}
+
+
+def layer(name: str) -> int:
+    """The index in :data:`LAYERS` of the module ``name``; the bare ``attnbook`` package (a docstring) is the
+    book's lowest layer."""
+    for i, prefix in enumerate(LAYERS):
+        if within(name, prefix):
+            return i
+    if name == "attnbook":
+        return 1
+    raise AssertionError(f"{name} is in no layer: add its package to LAYERS")
 
 
 def _graph() -> dict[str, set[str]]:
-    """attnlib's import graph (``attnlib._provenance`` reads it; it also stamps committed results with it)."""
-    return graph(("attnlib",))
+    """The repository's import graph (``attnbook._provenance`` reads it; it also stamps committed results with it)."""
+    return graph(PACKAGES)
 
 
 def _modules() -> dict[str, Path]:
-    return modules(("attnlib",))
-
-
-_within = within
+    return modules(PACKAGES)
 
 
 def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -95,42 +115,55 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 def test_the_graph_sees_the_modules_and_their_imports():
     """The parser itself: it finds the packages and follows relative imports (or the tests below pass vacuously)."""
     graph = _graph()
-    for mod in ("attnlib", "attnlib.grassmann", "attnlib.kernels.grassmann", "attnlib.experiments"):
+    for mod in ("attnlib", "attnlib.grassmann", "attnlib.kernels.grassmann", "attnbook.experiments", "attnbook.lab",
+                "benchmarks._artifacts"):
         assert mod in graph
     assert "attnlib._validate" in graph["attnlib.grassmann"]                       # `from . import _validate`
     assert "attnlib.kernels.grassmann" in graph["attnlib.grassmann"]               # a function-level import
     assert "attnlib.kernels" in graph["attnlib.grassmann"]                         # its package runs first
     assert "attnlib.kernels.common.launch" in graph["attnlib.kernels.grassmann.plucker_fused"]
+    assert "attnbook.lab_runs" in graph["attnbook.lab"]                            # `from . import lab_runs`
+    assert "attnbook.experiments.mqar" in graph["attnbook.lab_runs"]               # the runs' experiments
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c", "a"]]
 
 
-def test_no_import_cycles_among_attnlib_modules():
+def test_every_module_of_the_three_packages_has_a_layer():
+    assert PACKAGES == ("attnlib", "attnbook", "benchmarks")
+    for name in _modules():
+        layer(name)
+
+
+def test_no_import_cycles_among_the_repository_modules():
     cycles = _cycles(_graph())
     assert not cycles, "import cycles (each module imports the next):\n" + "\n".join(
         " -> ".join(c) for c in cycles)
 
 
-def _is_operator_or_kernel(name: str, path: Path) -> bool:
-    if _within(name, "attnlib.kernels"):
-        return True
-    parts = name.split(".")
-    return len(parts) == 2 and path.name != "__init__.py"
+def test_every_import_runs_down_the_layers():
+    """The operators and kernels never import the book; the experiments never the figures, exercises or lab;
+    the figures never the exercises; nothing of the book imports the benchmarks."""
+    bad = [f"{name} ({LAYERS[layer(name)]}) imports {dep} ({LAYERS[layer(dep)]})"
+           for name, deps in sorted(_graph().items()) for dep in sorted(deps) if layer(dep) > layer(name)]
+    assert not bad, "imports up the layers:\n" + "\n".join(bad)
 
 
-def test_operators_and_kernels_do_not_import_experiments_or_widgets():
-    known = _modules()
-    graph = _graph()
-    bad = [f"{name} imports {dep}" for name, deps in sorted(graph.items()) if _is_operator_or_kernel(name, known[name])
-           for dep in sorted(deps) if any(_within(dep, layer) for layer in LAB_LAYERS)]
-    assert not bad, "the library must not depend on the labs' code:\n" + "\n".join(bad)
+def test_the_layer_rule_flags_an_import_up_the_layers():
+    assert layer("attnlib.kernels.flash.forward") < layer("attnbook.experiments.needle.argument")
+    assert layer("attnbook.experiments.byte_model") < layer("attnbook.lab")
+    assert layer("attnbook.widgets.eot") < layer("attnbook.exercises.ch01")
 
 
-def test_the_experiments_and_figures_never_import_the_exercises():
-    graph = _graph()
-    bad = [f"{name} imports {dep}" for name, deps in sorted(graph.items())
-           if _within(name, "attnlib.experiments") or _within(name, "attnlib.widgets")
-           for dep in sorted(deps) if _within(dep, "attnlib.exercises")]
-    assert not bad, "the exercises sit on top of the experiments:\n" + "\n".join(bad)
+def test_the_library_holds_no_book_code():
+    """What a user of the kernels installs (``attnlib/pyproject.toml``) is attnlib's own directory: its
+    package list is exactly attnlib's packages, and none of its modules is the book's."""
+    import tomllib
+
+    meta = tomllib.loads((ROOT / "attnlib" / "pyproject.toml").read_text())
+    listed = set(meta["tool"]["setuptools"]["packages"])
+    found = {name for name, path in modules(("attnlib",)).items() if path.name == "__init__.py"}
+    assert listed == found, f"attnlib/pyproject.toml lists {sorted(listed ^ found)} wrongly (listed {sorted(listed)})"
+    assert meta["tool"]["setuptools"]["package-dir"] == {"attnlib": "."}
+    assert set(meta["project"]["dependencies"]) == {"torch>=2.4"}
 
 
 def _dynamic_imports(source: str) -> list[str]:
@@ -156,5 +189,6 @@ def _dynamic_imports(source: str) -> list[str]:
 def test_every_import_is_a_statement_the_graph_can_read():
     assert _dynamic_imports("import importlib\ndef f(m):\n    return importlib.import_module(m)\n") == ["f"]
     assert _dynamic_imports("mod = __import__('x')\n") == ["<module>"]
-    found = {(name, fn) for name, path in _modules().items() for fn in _dynamic_imports(path.read_text())}
+    files = [*_modules().values(), *sorted((ROOT / "scripts").glob("*.py"))]
+    found = {(path.relative_to(ROOT).as_posix(), fn) for path in files for fn in _dynamic_imports(path.read_text())}
     assert found <= DYNAMIC_IMPORTS, f"modules loaded by name, invisible to the import graph: {found - DYNAMIC_IMPORTS}"

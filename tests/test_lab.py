@@ -5,7 +5,7 @@ import plotly.io as pio
 import pytest
 import torch
 
-from attnlib.experiments.lab import OUTPUT_WIDTH, LabCheckFailed, setup
+from attnbook.lab import OUTPUT_WIDTH, LabCheckFailed, setup
 
 
 def test_setup_seeds_and_picks_quick_mode_on_cpu(monkeypatch):
@@ -41,7 +41,7 @@ def test_glued_figures_carry_no_plotly_js(monkeypatch):
     import plotly.graph_objects as go
     from IPython.core.formatters import format_display_data
 
-    from attnlib.experiments.lab import _PageFigure
+    from attnbook.lab import _PageFigure
 
     data, _ = format_display_data(_PageFigure(go.Figure(go.Scatter(y=[1, 2]))))
     html = data["text/html"]
@@ -183,7 +183,7 @@ def test_the_three_marks_are_distinct(capsys):
 
 
 def test_lab_glue_is_silent_in_the_notebook(capsys):
-    from attnlib.experiments.lab import setup
+    from attnbook.lab import setup
     lab = setup(seed=0)
     lab.glue("x", 1.5)
     import plotly.graph_objects as go

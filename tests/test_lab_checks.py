@@ -205,21 +205,23 @@ def _constant(cond: ast.expr) -> bool:
 # --- rule (d): where each side of a comparison comes from ------------------------------------------
 
 LAB_COMPUTATION = {"torch", "np", "numpy", "F", "scipy"}   # a call on these is computation written in the lab
+PACKAGES = ("attnlib", "attnbook")                           # the library and the book's code beside it
 NEUTRAL = {"lab", "math"}                                    # seeds and generators; scalar arithmetic
 BUILTIN_NAMES = set(dir(builtins))
 
 
 def _library_aliases(modules: list[ast.Module]) -> dict[str, str]:
-    """Every name the notebook imports from attnlib, with the module (or module.attribute) it names."""
+    """Every name the notebook imports from attnlib or the book's package (code not written in the lab), with
+    the module (or module.attribute) it names."""
     found = {}
     for module in modules:
         for node in ast.walk(module):
-            if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "attnlib":
+            if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in PACKAGES:
                 for alias in node.names:
                     found[alias.asname or alias.name] = f"{node.module}.{alias.name}"
             elif isinstance(node, ast.Import):
                 for alias in node.names:
-                    if alias.name.split(".")[0] == "attnlib":
+                    if alias.name.split(".")[0] in PACKAGES:
                         found[alias.asname or alias.name.split(".")[0]] = alias.name
     return {name: where for name, where in found.items() if name not in NEUTRAL}
 
@@ -359,19 +361,19 @@ BAD = {
     "keyword condition": 'lab.check("k", condition=1 < 2)',
     "typed list": 'Ms = [1, 2, 5]\nlab.check("three scores", len(Ms) == 3)',
     "a module's closed form against its own search": (
-        "from attnlib.experiments import landscape as land\ncfg = land.HeadConfig()\n"
+        "from attnbook.experiments import landscape as land\ncfg = land.HeadConfig()\n"
         "t = land.memory_crossover(cfg)\n"
         "found = land.first_length_where(lambda T: land.memory_bytes('softmax', T, cfg), lambda T: 1)\n"
         'lab.check("closed form = search", found == math.ceil(t))'),
     "one function's two outputs": (
-        "from attnlib.experiments import topk as idx_x\nvs = idx_x.cost_model_vs_figure()\n"
+        "from attnbook.experiments import topk as idx_x\nvs = idx_x.cost_model_vs_figure()\n"
         "kink = vs['prefill_kink']\n"
         'lab.check("read = predicted", abs(kink["predicted"] / kink["read"] - 1) < 0.1)'),
     "two committed constants": (
-        "from attnlib.experiments.roofline import DEVICES\nh100 = DEVICES['H100']\n"
+        "from attnbook.experiments.roofline import DEVICES\nh100 = DEVICES['H100']\n"
         'lab.check("ridge", h100.ridge > h100.peak_flops / 1e15)'),
     "a loop over the module's own list": (
-        "from attnlib.experiments import landscape as land\nfor m in land.RECURRENT:\n"
+        "from attnbook.experiments import landscape as land\nfor m in land.RECURRENT:\n"
         "    closed = land.decode_break_even(m)\n"
         "    found = land.first_length_where(lambda t: land.decode_flops(m, t), lambda t: 0)\n"
         '    lab.check("closed form = search", found == math.ceil(closed))'),
@@ -395,15 +397,15 @@ GOOD = {
         "ref = torch.softmax(q @ k.mT, -1) @ v\n"
         'lab.check("the operator is its definition", (out - ref).abs().max() < 1e-6)'),
     "two modules": (
-        "from attnlib.experiments import topk as idx_x\nfrom attnlib.experiments import roofline as rl\n"
+        "from attnbook.experiments import topk as idx_x\nfrom attnbook.experiments import roofline as rl\n"
         "a = idx_x.decode_flops(4096)\nb = rl.counted(4096)\n"
         'lab.check("two models agree", a == b)'),
     "the independent thing named": (
-        "from attnlib.experiments import landscape as land\ncounted = land.counted_flops((16, 32))\n"
+        "from attnbook.experiments import landscape as land\ncounted = land.counted_flops((16, 32))\n"
         'lab.check("model = count", counted["softmax"] == counted["softmax:model"],'
         ' against="torch\'s FLOP counter on the references")'),
     "a measurement against a threshold": (
-        "from attnlib.experiments import needle\nerr = needle.row_error(algo, case)\n"
+        "from attnbook.experiments import needle\nerr = needle.row_error(algo, case)\n"
         'lab.check("missed", err > 1.9)'),
 }
 
@@ -424,7 +426,7 @@ def test_the_detector_follows_assignments_across_cells():
 
 
 def test_the_detector_follows_a_name_to_its_last_assignment_before_the_check():
-    src = "from attnlib.experiments import landscape as land\nimport torch\n"
+    src = "from attnbook.experiments import landscape as land\nimport torch\n"
     assert vacuous_checks([src + "x = torch.ones(1)\nx = land.f()\ny = land.g()\nlab.check('x', x == y)"])
     assert not vacuous_checks([src + "x = land.f()\ny = land.g()\nlab.check('x', x == y)\nx = torch.ones(1)"
                                .replace("lab.check('x', x == y)\nx = torch.ones(1)",

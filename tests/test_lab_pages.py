@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from attnlib.experiments.lab import CODE_WIDTH
+from attnbook.lab import CODE_WIDTH
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))

@@ -1,4 +1,4 @@
-"""Chapter 7's landscape (attnlib.experiments.landscape, attnlib.widgets.landscape): the cost models
+"""Chapter 7's landscape (attnbook.experiments.landscape, attnbook.widgets.landscape): the cost models
 agree with FLOPs counted on the references, the crossovers agree with their closed forms, the published
 designs are computed from their cited numbers, and the figure switches panels."""
 
@@ -7,9 +7,9 @@ import math
 import pytest
 import torch
 
-from attnlib.experiments import landscape as L
-from attnlib.experiments.recall import recall_vs_pairs
-from attnlib.widgets.landscape import cell_texts, html_table, landscape_figure, text_table
+from attnbook.experiments import landscape as L
+from attnbook.experiments.recall import recall_vs_pairs
+from attnbook.widgets.landscape import cell_texts, html_table, landscape_figure, text_table
 
 # Small enough to count in a second; every size a mechanism has is different, so a formula that swaps
 # two of them fails.

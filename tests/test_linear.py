@@ -319,8 +319,8 @@ def test_decode_step_refuses_more_than_one_token():
 def test_state_buildup_figure_frames_hold_the_running_state():
     import numpy as np
 
-    from attnlib.experiments import linear as xl
-    from attnlib.widgets import linear as lw
+    from attnbook.experiments import linear as xl
+    from attnbook.widgets import linear as lw
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(7, 4, generator=g, dtype=F64) for _ in range(3))
     fig = lw.state_buildup_figure(xl.state_buildup(q, k, v))

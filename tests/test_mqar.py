@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from attnlib.experiments.mqar import IGNORE, MIXERS, RecallModel, mqar_batch, recall_accuracy, train_recall
+from attnbook.experiments.mqar import IGNORE, MIXERS, RecallModel, mqar_batch, recall_accuracy, train_recall
 
 
 def test_mqar_batch_layout_and_answers():

@@ -9,7 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from attnlib.experiments import needle
+from attnbook.experiments import needle
 
 T, D = 256, 16
 
@@ -170,7 +170,7 @@ def test_bad_inputs_raise_clear_errors(algos):
 
 
 def test_probe_map_figure_has_a_frame_per_algorithm_with_the_needle_marked(algos):
-    from attnlib.widgets import needle as nw
+    from attnbook.widgets import needle as nw
     chosen = [algos["sliding_window"], algos["performer"]]
     fig = nw.probe_map_figure(needle.probe_maps(chosen, M=80.0))
     assert len(fig.frames) == 2 and len(fig.layout.sliders[0].steps) == 2
@@ -185,7 +185,7 @@ def test_probe_map_figure_has_a_frame_per_algorithm_with_the_needle_marked(algos
 
 def test_explorer_responds_to_the_algorithm_menu():
     pytest.importorskip("ipywidgets")
-    from attnlib.widgets import needle as nw
+    from attnbook.widgets import needle as nw
     box = nw.needle_explorer(needle.probe_map_at(d=8), T_values=(64,))
     menu, fig = box.children[0].children[0], box.children[2]
     menu.value = "performer"
@@ -225,7 +225,7 @@ def test_output_error_names_the_mismatched_argument():
 
 
 def test_algorithm_rows_are_what_row_error_compares():
-    from attnlib.experiments import needle
+    from attnbook.experiments import needle
     algo = needle.make("strided", T=36, d=8, seed=1)
     case = needle.attack(algo, M=20.0)
     rows = needle.algorithm_rows(algo, case)

@@ -5,9 +5,9 @@ against chapter 2's closed form, the indexer's training, and the cost on counted
 import pytest
 import torch
 
+from attnbook.experiments import needle
+from attnbook.experiments import topk as xt
 from attnlib import topk
-from attnlib.experiments import needle
-from attnlib.experiments import topk as xt
 
 
 def _gen(seed=0):
@@ -244,7 +244,7 @@ def test_decode_bytes_read_every_latent_row_densely_and_every_index_key_sparsely
 # --- the figures --------------------------------------------------------------------------------------
 
 def test_mechanism_map_figure_steps_over_k_and_outlines_the_chosen_keys():
-    from attnlib.widgets.topk import mechanism_map_figure
+    from attnbook.widgets.topk import mechanism_map_figure
     m = xt.mechanism_map(32, 8, [1, 2, 4, 8, 16, 32], generator=_gen(0))
     fig = mechanism_map_figure(m["plan"], m["scores"], m["ks"], m["restricted"], m["lost"], masks=m["masks"],
                                active=2)

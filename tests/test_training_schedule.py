@@ -1,11 +1,11 @@
-"""The shared learning-rate schedule (attnlib.experiments._training): linear warm-up, cosine to 0."""
+"""The shared learning-rate schedule (attnbook.experiments._training): linear warm-up, cosine to 0."""
 
 import math
 
 import pytest
 import torch
 
-from attnlib.experiments._training import warmup_cosine, warmup_cosine_factor
+from attnbook.experiments._training import warmup_cosine, warmup_cosine_factor
 
 
 def test_warmup_is_linear_and_the_cosine_reaches_the_floor():

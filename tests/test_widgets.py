@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 import torch
 
-from attnlib import widgets
-from attnlib.experiments import eot as xe
+from attnbook import widgets
+from attnbook.experiments import eot as xe
 
 from .test_experiments import _tiny_report  # the same made-up kernel report the reader is tested on
 
@@ -36,7 +36,7 @@ def test_attention_map_figure_causal_trace_is_lower_triangular():
     assert np.allclose(np.triu(causal, 1), 0) and np.allclose(causal.sum(1), 1)
     assert len(fig.layout.updatemenus[0].buttons) == 2
     # masked cells: a grey layer over the causal map (NaN, transparent, where the query may look)
-    from attnlib.widgets._style import MASKED_COLOUR, MASKED_NOTE
+    from attnbook.widgets._style import MASKED_COLOUR, MASKED_NOTE
     mask = fig.data[2]
     assert np.array_equal(np.isnan(np.asarray(mask.z, dtype=float)), ~maps[0].masked)
     assert {c for _, c in mask.colorscale} == {MASKED_COLOUR} and mask.showscale is False
@@ -72,7 +72,7 @@ def test_widget_inputs_are_validated():
         xe.attention_maps(torch.zeros(3, 2), torch.zeros(3, 4), [1.0])
     with pytest.raises(ValueError, match="plans must hold at least one"):
         widgets.transport_plan_figure([])
-    with pytest.raises(TypeError, match="maps\\[0\\] must be an attnlib.experiments.eot.AttentionMap"):
+    with pytest.raises(TypeError, match="maps\\[0\\] must be an attnbook.experiments.eot.AttentionMap"):
         widgets.attention_map_figure([torch.zeros(2, 2)])
 
 
@@ -80,8 +80,8 @@ def test_widget_inputs_are_validated():
 
 def test_crossover_figure_band_and_explorer_follow_the_measurements():
     pytest.importorskip("ipywidgets")
-    from attnlib.experiments import linear as xl
-    from attnlib.widgets import linear as lw
+    from attnbook.experiments import linear as xl
+    from attnbook.widgets import linear as lw
     m = {16: {"T": [64, 128, 256], "softmax": [1, 4, 16], "linear": [2, 4, 8],
               "softmax_q1": [0.9, 3.8, 15], "softmax_q3": [1.1, 4.2, 17],
               "linear_q1": [1.9, 3.9, 7.5], "linear_q3": [2.1, 4.1, 8.5]},
@@ -106,14 +106,14 @@ def test_crossover_figure_band_and_explorer_follow_the_measurements():
 # --- chapter 4 ------------------------------------------------------------------------------------
 
 def test_deltanet_figures_have_a_frame_per_step_and_show_the_stability_edge():
-    from attnlib.widgets import deltanet as wdn
+    from attnbook.widgets import deltanet as wdn
     g = torch.Generator().manual_seed(0)
     k = torch.nn.functional.normalize(torch.randn(30, 6, generator=g, dtype=torch.float64), dim=-1)
     v = torch.randn(30, 4, generator=g, dtype=torch.float64)
-    from attnlib.experiments.recall import state_trajectory
+    from attnbook.experiments.recall import state_trajectory
     S_lin = state_trajectory(k, v, 1.0, rule="linear")
     torch.testing.assert_close(S_lin[-1], v.T @ k)                   # S_T = sum_t v_t k_t^T
-    from attnlib.experiments import deltanet as xd
+    from attnbook.experiments import deltanet as xd
     fig = wdn.singular_values_figure(xd.state_spectra(k, v, 1.0), steps=[1, 10, 30])
     assert len(fig.frames) == 3 and len(fig.layout.sliders[0].steps) == 3
     fig = wdn.stability_figure(xd.stability_histories(betas=(1.0, 2.5), T=120, D=8))
@@ -135,7 +135,7 @@ def test_weights_comparison_figure_has_a_frame_per_step_and_validates_panels():
     assert "smallest −1.00" in sub[0] and "row sums 2.00 to 2.00" in sub[1]
     # each panel its own scale over the steps: a plan (all >= 0) from 0 in the plan's colours, a signed
     # panel symmetric about 0 on the diverging scale, spanning its largest |entry| -- and said so
-    from attnlib.widgets._style import DIVERGING_SCALE, PLAN_SCALE
+    from attnbook.widgets._style import DIVERGING_SCALE, PLAN_SCALE
     axes = [fig.layout[t.coloraxis] for t in fig.data]
     assert [a.cmax for a in axes] == [1.0, 2.0] and [a.cmin for a in axes] == [0.0, -2.0]
     assert axes[0].colorscale == fig.update_layout(coloraxis_colorscale=PLAN_SCALE).layout.coloraxis.colorscale
@@ -153,8 +153,8 @@ def test_weights_comparison_figure_has_a_frame_per_step_and_validates_panels():
 
 
 def test_launch_bytes_figure_stacks_launches_per_token_and_head_with_a_step_per_shape():
-    from attnlib.experiments import kernels as xk
-    from attnlib.widgets.kernels import launch_bytes_figure
+    from attnbook.experiments import kernels as xk
+    from attnbook.widgets.kernels import launch_bytes_figure
 
     r = _tiny_report()
     per_shape = {s: {lib: xk.launches(r, lib, "linear", s) for lib in ("attnlib", "fla")} for s in r["shapes"]}
@@ -198,9 +198,9 @@ def _heatmap_columns(trace):
 
 
 def test_plucker_features_figure_shows_every_column_of_every_step():
-    from attnlib.experiments.grassmann import plucker_feature_maps
+    from attnbook.experiments.grassmann import plucker_feature_maps
+    from attnbook.widgets.grassmann import features_figure
     from attnlib.grassmann import pair_indices
-    from attnlib.widgets.grassmann import features_figure
     fig = features_figure(plucker_feature_maps(torch.randn(10, 6, dtype=torch.float64), [3, 6], [1, 4]))
     opening = _extent(_heatmap_columns(fig.data[0]))
     for fr in fig.frames:
@@ -217,8 +217,8 @@ def test_plucker_features_figure_shows_every_column_of_every_step():
 
 
 def test_launch_bytes_figure_axes_cover_every_step():
-    from attnlib.experiments.kernels import Launch
-    from attnlib.widgets.kernels import launch_bytes_figure
+    from attnbook.experiments.kernels import Launch
+    from attnbook.widgets.kernels import launch_bytes_figure
     per_shape = {"1x1x8x4": {"attnlib": [Launch("fwd", "a", 80, None)]},
                  "1x1x8x8": {"attnlib": [Launch("fwd", "a", 800, None), Launch("bwd", "b", 400, None)]}}
     fig = launch_bytes_figure(per_shape, title="t")
@@ -241,8 +241,8 @@ def test_launch_bytes_figure_axes_cover_every_step():
 
 
 def test_crossover_figure_x_range_covers_every_head_dim():
-    from attnlib.experiments import linear as xl
-    from attnlib.widgets import linear as lw
+    from attnbook.experiments import linear as xl
+    from attnbook.widgets import linear as lw
     m = {16: {"T": [64, 128, 256], "softmax": [1, 4, 16], "linear": [2, 4, 8]},
          64: {"T": [256, 1024, 4096], "softmax": [16, 256, 4096], "linear": [8, 32, 128]}}
     fig = lw.crossover_figure(xl.crossover_fits(m))
@@ -265,22 +265,22 @@ def test_crossover_figure_x_range_covers_every_head_dim():
 # data lies inside the axis ranges in force.
 
 def _figure_builders():
+    from attnbook.experiments import anna as xa
+    from attnbook.experiments import deltanet as xd
+    from attnbook.experiments import grassmann as xg
+    from attnbook.experiments import linear as xl
+    from attnbook.experiments import needle
+    from attnbook.experiments.kernels import Launch
+    from attnbook.experiments.weights import softmax_weights
+    from attnbook.widgets import anna as wa
+    from attnbook.widgets import deltanet as wdn
+    from attnbook.widgets import grassmann as wg
+    from attnbook.widgets import hybrid as wh
+    from attnbook.widgets import kernels as wk
+    from attnbook.widgets import linear as lw
+    from attnbook.widgets import needle as nw
     from attnlib.deltanet import implied_weights
-    from attnlib.experiments import anna as xa
-    from attnlib.experiments import deltanet as xd
-    from attnlib.experiments import grassmann as xg
-    from attnlib.experiments import linear as xl
-    from attnlib.experiments import needle
-    from attnlib.experiments.kernels import Launch
-    from attnlib.experiments.weights import softmax_weights
     from attnlib.grassmann import CausalGrassmannMixing
-    from attnlib.widgets import anna as wa
-    from attnlib.widgets import deltanet as wdn
-    from attnlib.widgets import grassmann as wg
-    from attnlib.widgets import hybrid as wh
-    from attnlib.widgets import kernels as wk
-    from attnlib.widgets import linear as lw
-    from attnlib.widgets import needle as nw
 
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(8, 4, generator=g, dtype=torch.float64) for _ in range(3))
@@ -346,8 +346,8 @@ def _figure_builders():
 
 def _flash_walk():
     """The walk figure on a hand-made trace (the kernel itself is tested in test_flash_walk.py)."""
-    from attnlib.experiments.flash_walk import FlashWalk
-    from attnlib.widgets.flash_walk import flash_walk_figure
+    from attnbook.experiments.flash_walk import FlashWalk
+    from attnbook.widgets.flash_walk import flash_walk_figure
     g = torch.Generator().manual_seed(1)
     s = torch.randn(4, 12, generator=g, dtype=torch.float64)
     v = torch.randn(12, 3, generator=g, dtype=torch.float64)
@@ -364,29 +364,29 @@ def _flash_walk():
 
 
 def _roofline():
-    from attnlib.experiments.roofline import PEAKS
-    from attnlib.widgets.flash_walk import roofline_figure
+    from attnbook.experiments.roofline import PEAKS
+    from attnbook.widgets.flash_walk import roofline_figure
     points = [dict(op="softmax", shape="1x1x8x4", intensity=900.0), dict(op="linear", shape="1x1x8x4", intensity=40.0)]
     measured = [dict(device="NVIDIA H200", shape="1x1x8x4", dtype="bf16", causal=True, intensity=900.0, tflops=300.0)]
     return roofline_figure(points, [PEAKS["NVIDIA H100"], PEAKS["NVIDIA H200"]], measured)
 
 
 def _topk_widgets():
-    from attnlib.widgets import topk
+    from attnbook.widgets import topk
     return topk
 
 
 def _topk_map():
-    from attnlib.experiments import topk as xt
+    from attnbook.experiments import topk as xt
     m = xt.mechanism_map(10, 4, [1, 3, 10], generator=torch.Generator().manual_seed(0))
     return _topk_widgets().mechanism_map_figure(m["plan"], m["scores"], m["ks"], m["restricted"], m["lost"])
 
 
 def _plane_mixing():
+    from attnbook.experiments import grassmann as gx
+    from attnbook.widgets.grassmann import plane_mixing_figure
     from attnlib import softmax_attention
-    from attnlib.experiments import grassmann as gx
     from attnlib.grassmann import CausalGrassmannMixing
-    from attnlib.widgets.grassmann import plane_mixing_figure
     torch.manual_seed(0)
     offsets, T, t = (1, 2, 4), 10, 6
     h = torch.randn(1, T, 5, dtype=torch.float64)
@@ -420,7 +420,7 @@ def _axes_of(fig):
 def test_every_figure_is_styled_titled_and_has_titled_axes(built, name):
     import plotly.io as pio
 
-    from attnlib.widgets._style import TEMPLATE
+    from attnbook.widgets._style import TEMPLATE
     fig = built[name]
     assert pio.templates.default == TEMPLATE
     assert fig.layout.title.text, f"{name}: no title"
@@ -455,7 +455,7 @@ NO_SLIDER = ("planes", "pair", "conditions", "collision", "work", "error_curves"
 
 @pytest.mark.parametrize("name", [n for n in FIGURES if n not in NO_SLIDER])
 def test_every_slider_step_has_a_readable_label(built, name):
-    from attnlib.widgets._slider import label_fits
+    from attnbook.widgets._slider import label_fits
     fig = built[name]
     assert fig.layout.sliders
     names = [f.name for f in fig.frames]
@@ -473,7 +473,7 @@ def test_every_slider_step_has_a_readable_label(built, name):
 def test_subplot_titles_fit_over_their_panels(built, name):
     """An annotation over a panel (a subplot title) is no wider than the panel on a phone, so that
     neighbouring titles do not overprint each other."""
-    from attnlib.widgets._slider import CHAR_PX, PHONE_SLIDER_PX
+    from attnbook.widgets._slider import CHAR_PX, PHONE_SLIDER_PX
     fig = built[name]
     domains = [fig.layout[a].domain for a in fig.layout if a.startswith("xaxis") and fig.layout[a].domain]
     domains += [fig.layout[s].domain.x for s in {t.scene for t in fig.data if t.type in ("surface", "scatter3d")}
@@ -523,7 +523,7 @@ def test_every_slider_step_lies_inside_the_axes_in_force(built, name):
 
 
 def test_theory_and_measurement_of_one_quantity_share_a_colour():
-    from attnlib.widgets.anna import add_theory_and_measurement, collision_figure
+    from attnbook.widgets.anna import add_theory_and_measurement, collision_figure
     fig = collision_figure([0, 1], {}, {}, title="t")
     for i in range(3):
         add_theory_and_measurement(fig, [0, 1], [1, 0], [0.9, 0.1], name=f"q{i}", index=i)
@@ -569,7 +569,7 @@ def _title_lines(text):
 def test_titles_fit_a_phone(built, name):
     """Plotly does not wrap a title: every line of it and of its subtitle, in every slider step, fits a
     390-px screen."""
-    from attnlib.widgets._style import SUBTITLE_CHARS, SUBTITLE_LINE_CHARS, TITLE_CHARS
+    from attnbook.widgets._style import SUBTITLE_CHARS, SUBTITLE_LINE_CHARS, TITLE_CHARS
     fig = built[name]
     titles = [fig.layout.title] + [f.layout.title for f in fig.frames
                                    if f.layout is not None and f.layout.title.text]
@@ -605,8 +605,8 @@ def _check_map_figure(fig, mechanism, n_steps, axes):
 
 
 def test_gate_weights_figure_steps_over_the_gate_and_keeps_the_plan():
+    from attnbook.widgets.deltanet import gate_weights_figure
     from attnlib import deltanet, softmax_attention
-    from attnlib.widgets.deltanet import gate_weights_figure
     g = torch.Generator().manual_seed(2)
     T = 8
     q = torch.nn.functional.normalize(torch.rand(T, 4, generator=g, dtype=torch.float64), dim=-1)
@@ -628,8 +628,8 @@ def test_gate_weights_figure_steps_over_the_gate_and_keeps_the_plan():
 
 
 def test_needle_maps_figure_has_a_step_per_algorithm_and_the_exact_plan():
-    from attnlib.experiments import needle
-    from attnlib.widgets.needle import needle_maps_figure
+    from attnbook.experiments import needle
+    from attnbook.widgets.needle import needle_maps_figure
     algos = [needle.make(n, T=32, d=8, seed=0) for n in ("sliding_window", "performer", "linformer")]
     fig = needle_maps_figure(needle.needle_maps(algos, M=40.0))
     _check_map_figure(fig, "subquadratic attention algorithms", 3, ["xaxis", "yaxis", "xaxis2", "yaxis2", "yaxis3"])
@@ -644,15 +644,15 @@ def test_needle_maps_figure_has_a_step_per_algorithm_and_the_exact_plan():
         assert on_j[0] == pytest.approx(needle.needle_mass(32, 40.0), abs=1e-6) and on_j[1] <= 8 / 32 + 1e-6
     with pytest.raises(ValueError, match="share one T"):
         needle.needle_maps([algos[0], needle.make("strided", T=40, d=8)])
-    with pytest.raises(TypeError, match=r"maps\[0\] must be an attnlib.experiments.needle.NeedleMap"):
+    with pytest.raises(TypeError, match=r"maps\[0\] must be an attnbook.experiments.needle.NeedleMap"):
         needle_maps_figure(algos)                          # the figure draws maps; it runs no algorithm
 
 
 def test_plane_mixing_figure_steps_over_the_offsets_of_one_position():
+    from attnbook.experiments import grassmann as gx
+    from attnbook.widgets.grassmann import plane_mixing_figure
     from attnlib import softmax_attention
-    from attnlib.experiments import grassmann as gx
     from attnlib.grassmann import CausalGrassmannMixing
-    from attnlib.widgets.grassmann import plane_mixing_figure
     torch.manual_seed(0)
     offsets, T, t = (1, 2, 4, 8), 12, 6                         # offset 8 has no partner at t = 6
     layer = CausalGrassmannMixing(5, 3, offsets).double()
@@ -692,7 +692,7 @@ def test_multi_panel_figures_say_how_to_stack_and_keep_colour_bars_beside_their_
     """layout.meta.stack (read by book/_static/responsive_figures.js) names real panels, each once, in
     reading order; every colour bar stands right of its own panel, no further than the next panel's
     start, and as tall as its panel at most."""
-    from attnlib.widgets._style import panels
+    from attnbook.widgets._style import panels
     fig = built[name]
     stack = fig.layout.meta["stack"]
     keys = [k for unit in stack["panels"] for k in unit]
@@ -778,7 +778,7 @@ def test_modebar_leaves_the_title_room():
     covered."""
     import plotly.io as pio
 
-    from attnlib.widgets._style import MODEBAR_PX, TEMPLATE
+    from attnbook.widgets._style import MODEBAR_PX, TEMPLATE
     t = pio.templates[TEMPLATE].layout
     assert t.title.yref == "container" and t.title.yanchor == "top" and t.title.pad.t >= MODEBAR_PX
     assert t.margin.t >= MODEBAR_PX + 40 and len(t.modebar.remove) >= 4
@@ -788,7 +788,7 @@ def test_plan_colours_are_one_convention():
     """The plan in every chapter in PLAN_SCALE; DIVERGING_SCALE only for signed panels."""
     import plotly.graph_objects as go
 
-    from attnlib.widgets._style import DIVERGING_SCALE, PLAN_SCALE
+    from attnbook.widgets._style import DIVERGING_SCALE, PLAN_SCALE
 
     def scale(name):
         return go.Figure(go.Heatmap(z=[[0]], colorscale=name)).data[0].colorscale
@@ -807,7 +807,7 @@ def test_plan_colours_are_one_convention():
 def test_stack_panels_and_colorbar_helpers():
     from plotly.subplots import make_subplots
 
-    from attnlib.widgets._style import colorbar, merge_meta, panels, stack_panels
+    from attnbook.widgets._style import colorbar, merge_meta, panels, stack_panels
     fig = make_subplots(rows=2, cols=2, specs=[[{"type": "scene"}, {}], [{}, {}]])
     assert panels(fig) == [["scene"], ["xaxis", "yaxis"], ["xaxis2", "yaxis2"], ["xaxis3", "yaxis3"]]
     cb = colorbar(fig, ["xaxis2", "yaxis2"], title="weight")
@@ -826,7 +826,7 @@ def test_blue_is_positive_in_the_plan_and_in_the_signed_scale():
     and a positive signed weight are both blue, a negative weight red (never blue)."""
     import plotly.colors
 
-    from attnlib.widgets._style import DIVERGING_SCALE, PLAN_SCALE
+    from attnbook.widgets._style import DIVERGING_SCALE, PLAN_SCALE
 
     def rgb(name, at):
         scale = plotly.colors.get_colorscale(name)

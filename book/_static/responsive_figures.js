@@ -2,7 +2,7 @@
  *
  * Plotly lays subplots out in fractions of the figure's width, so panels side by side on a desktop
  * become slivers on a phone, with their colour bars and titles on top of each other. A figure whose
- * layout.meta.stack describes its panels (attnlib.widgets._style.stack_panels writes it:
+ * layout.meta.stack describes its panels (attnbook.widgets._style.stack_panels writes it:
  * {panels: [[layout keys of one unit, e.g. "xaxis2", "yaxis2"] or ["scene"], ...] in reading order,
  * heights: [px per unit], narrow: {extra layout properties when stacked}}) is relaid out when its
  * container is narrower than NARROW_PX: each unit full width, one under the other, its subplot title

@@ -45,7 +45,7 @@ Trace. The constexpr ``TRACE`` (False in every production launch, where its code
 registers and shared memory of each configuration for sm_80 and sm_90 are what they were without it)
 makes every program store its running ``m_i``, ``l_i`` and ``acc`` after each key tile into trace
 buffers (``online_softmax.trace_state``). :func:`flash_attention_forward_traced` launches it at fixed
-tiles; ``attnlib.experiments.flash_walk`` reads one query tile's walk back, for the appendix.
+tiles; ``attnbook.experiments.flash_walk`` reads one query tile's walk back, for the appendix.
 
 Tiles on a GPU are autotuned (keyed on the head dims, causality, and the power-of-two bucket of the
 length so that a new length does not re-tune) among the candidates ``launch.pruner`` keeps for the
@@ -243,7 +243,7 @@ def flash_attention_forward_traced(q: torch.Tensor, k: torch.Tensor, v: torch.Te
                                    causal: bool, block_m: int, block_n: int):
     """The same kernel with ``TRACE`` on, at fixed tiles ``block_m x block_n`` and through pointer loads
     (no autotuning: the trace's layout depends on ``BLOCK_N``). For reading the kernel on small inputs,
-    e.g. through the interpreter; ``attnlib.experiments.flash_walk`` validates the arguments.
+    e.g. through the interpreter; ``attnbook.experiments.flash_walk`` validates the arguments.
 
     Returns ``(o, lse, m2, l, acc)``: the kernel's outputs, then the running state after each key tile,
     float32 ``[B, H, n_tiles, Tq]`` (``m2`` in base-2 units, ``l``) and ``[B, H, n_tiles, Tq, Dv]``
