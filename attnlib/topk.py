@@ -222,7 +222,7 @@ class _TritonIndexScores(torch.autograd.Function):
     def forward(ctx, index_q, index_k, index_w):
         from .kernels.topk import index_scores_forward
         ctx.save_for_backward(index_q, index_k, index_w)
-        return index_scores_forward(index_q, index_k, index_w)
+        return index_scores_forward(index_q, index_k, index_w, causal=False)
 
     @staticmethod
     def backward(ctx, dI):

@@ -101,15 +101,16 @@ def workloads(D: int, dtype: torch.dtype) -> dict:
     def linear(causal):
         q, k, v, do = x(B, H, T, D), x(B, H, T, D), x(B, H, T, D), x(B, H, T, D)
         s0, dS = x(B, H, D, D, dt=torch.float32), x(B, H, D, D, dt=torch.float32)
-        linear_chunk_forward(q, k, v, s0, scale=D ** -0.5, causal=causal)
-        linear_chunk_backward(q, k, v, s0, do, dS, scale=D ** -0.5, causal=causal)
+        linear_chunk_forward(q, k, v, s0, scale=D ** -0.5, causal=causal, chunk_size=64, output_final_state=True)
+        linear_chunk_backward(q, k, v, s0, do, dS, scale=D ** -0.5, causal=causal, chunk_size=64)
 
     def delta(gated, only_dq=False):
         q, k, v, do = x(B, H, T, D), x(B, H, T, D), x(B, H, T, D), x(B, H, T, D)
         beta = x(B, H, T)
         g = x(B, H, T, dt=torch.float32) if gated else None
         s0, dS = x(B, H, D, D, dt=torch.float32), x(B, H, D, D, dt=torch.float32)
-        delta_rule_chunk_forward(q, k, v, beta, g, scale=D ** -0.5, initial_state=s0)
+        delta_rule_chunk_forward(q, k, v, beta, g, scale=D ** -0.5, chunk_size=64, initial_state=s0,
+                                 output_final_state=True)
         delta_rule_chunk_backward(q, k, v, beta, g, s0, do, dS, scale=D ** -0.5, chunk_size=64, only_dq=only_dq)
 
     # Two heads: with one, the JIT would specialise ``H = 1`` away (the chunked kernels take no H).

@@ -101,7 +101,7 @@ def check_against_recurrence(T, D, Dv, chunk, block, gated, gate, rel_err):
     want = torch.autograd.grad([o_r, S_r], ins + ([gg] if gated else []), [do, dS])
     tiles = dict(block_k=block, block_v=block)
     o, S = delta_rule_chunk_forward(*map(f32, (q, k, v, beta, g)), scale=0.7, chunk_size=chunk,
-                                    initial_state=f32(S0), **tiles)
+                                    initial_state=f32(S0), output_final_state=True, **tiles)
     dq, dk, dv, dbeta, dg, dS0 = delta_rule_chunk_backward(*map(f32, (q, k, v, beta, g, S0)), f32(do), f32(dS),
                                                            scale=0.7, chunk_size=chunk, **tiles)
     assert rel_err(o, o_r) < TOL and rel_err(S, S_r) < TOL

@@ -44,7 +44,8 @@ def test_forward_and_every_gradient_match_float64_recurrence(T, D, Dv, chunk, bl
     q, k, v, S0, do, dS = inputs(2, 1, T, D, Dv, seed=T)
     o_r, S_r, grads_r = reference_grads(q, k, v, S0, do, dS, scale=0.7, causal=causal)
     f = [t.float() for t in (q, k, v, S0)]
-    o, S = linear_chunk_forward(*f[:3], f[3], scale=0.7, causal=causal, chunk_size=chunk, block_v=block_v)
+    o, S = linear_chunk_forward(*f[:3], f[3], scale=0.7, causal=causal, chunk_size=chunk, output_final_state=True,
+                                block_v=block_v)
     grads = linear_chunk_backward(*f, do.float(), dS.float(), scale=0.7, causal=causal, chunk_size=chunk,
                                   block_v=block_v)
     assert o.dtype == torch.float32 and S.dtype == torch.float32
@@ -65,7 +66,7 @@ def test_forward_cut_into_parallel_segments_matches_float64_recurrence(segments,
     o_r, S_r, _ = reference_grads(q, k, v, S0 if with_state else torch.zeros_like(dS), do, dS, scale=0.7,
                                   causal=True)
     o, S = linear_chunk_forward(q.float(), k.float(), v.float(), S0.float() if with_state else None, scale=0.7,
-                                chunk_size=16, segments=segments)
+                                causal=True, chunk_size=16, output_final_state=True, segments=segments)
     assert rel_err(o, o_r) < TOL and rel_err(S, S_r) < TOL
 
 

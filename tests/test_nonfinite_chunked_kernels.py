@@ -63,7 +63,8 @@ def linear_inputs(T, D, Dv, seed):
 def linear_run(q, k, v, do, *, causal, chunk, segments=None):
     """``(o, S_T, dq, dk, dv)`` of the kernels (float32) and of the float64 recurrence (autograd)."""
     f = [t.float() for t in (q, k, v)]
-    o, S = linear_chunk_forward(*f, None, scale=0.5, causal=causal, chunk_size=chunk, segments=segments)
+    o, S = linear_chunk_forward(*f, None, scale=0.5, causal=causal, chunk_size=chunk, output_final_state=True,
+                                segments=segments)
     dq, dk, dv, _ = linear_chunk_backward(*f, None, do.float(), None, scale=0.5, causal=causal, chunk_size=chunk,
                                           need_state_grad=False)
     ins = [t.clone().requires_grad_() for t in (q, k, v)]
@@ -96,7 +97,8 @@ def test_linear_attention_nan_across_parallel_segments(rel_err):
     q, k, v, do = linear_inputs(45, 12, 7, seed=2)
     v = plant(v, (0, 0, 20, 3), float("nan"))
     f = [t.float() for t in (q, k, v)]
-    o, S = linear_chunk_forward(*f, None, scale=0.5, causal=True, chunk_size=16, segments=3)
+    o, S = linear_chunk_forward(*f, None, scale=0.5, causal=True, chunk_size=16, output_final_state=True,
+                                segments=3)
     o_r, S_r = linear_attention_recurrent_reference(q * 0.5, k, v, causal=True)
     assert_matches_where_finite("o", o, o_r, rel_err)
     assert_matches_where_finite("S_T", S, S_r, rel_err)
@@ -119,7 +121,7 @@ def delta_inputs(T, D, Dv, seed, gated):
 def delta_run(q, k, v, beta, g, do, *, chunk):
     """``(o, S_T, dq, dk, dv, dbeta[, dg])`` of the kernels (float32) and of the float64 recurrence."""
     f = [None if t is None else t.float() for t in (q, k, v, beta, g)]
-    o, S = delta_rule_chunk_forward(*f, scale=0.5, chunk_size=chunk)
+    o, S = delta_rule_chunk_forward(*f, scale=0.5, chunk_size=chunk, output_final_state=True)
     dq, dk, dv, dbeta, dg, _ = delta_rule_chunk_backward(*f, None, do.float(), None, scale=0.5, chunk_size=chunk,
                                                          need_state_grad=False)
     ins = [t.clone().requires_grad_() for t in (q, k, v, beta)] + ([g.clone().requires_grad_()] if g is not None

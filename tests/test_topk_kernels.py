@@ -94,7 +94,7 @@ def test_the_indexer_trained_by_its_kl_loss_gets_the_reference_gradients():
 def test_the_causal_index_kernel_skips_the_upper_tiles_and_selects_as_the_reference():
     from attnlib.kernels.topk import index_scores_forward
     _, _, _, iq, ik, iw = _inputs(B=2, T=37, seed=4)
-    full = index_scores_forward(iq.float(), ik.float(), iw.float())
+    full = index_scores_forward(iq.float(), ik.float(), iw.float(), causal=False)
     causal = index_scores_forward(iq.float(), ik.float(), iw.float(), causal=True)
     lower = torch.ones(37, 37, dtype=torch.bool).tril()
     assert torch.equal(causal[..., lower], full[..., lower])

@@ -192,8 +192,8 @@ def _bh_bucket(n: int) -> int:
     return triton.next_power_of_2(max(n, 1))
 
 
-def chunk_fwd_h(k, v, *, w=None, G=None, initial_state=None, chunk_size: int, scale: float = 1.0,
-                store_h: bool = True, store_final: bool = True, block_k=None, block_v=None):
+def chunk_fwd_h(k, v, *, w=None, G=None, initial_state=None, chunk_size: int, scale: float,
+                store_h: bool = True, output_final_state: bool, block_k=None, block_v=None):
     """The forward state pass.
 
     ``k: [B, H, T, D]``; ``v: [B, H, T, Dv]`` (the values, or ``U`` when ``w`` is given);
@@ -206,7 +206,7 @@ def chunk_fwd_h(k, v, *, w=None, G=None, initial_state=None, chunk_size: int, sc
     DV = v.shape[-1]
     NT = num_chunks(T, chunk_size)
     dev = k.device
-    S = torch.empty(B, H, DV, D, device=dev, dtype=torch.float32) if store_final else None
+    S = torch.empty(B, H, DV, D, device=dev, dtype=torch.float32) if output_final_state else None
     hs = torch.empty(B, H, NT, D, DV, device=dev, dtype=wide_storage(k.dtype)) if store_h else None
     vnew = torch.empty(B, H, T, DV, device=dev, dtype=k.dtype) if w is not None else None
     if B * H == 0 or DV == 0 or D == 0:
@@ -224,13 +224,13 @@ def chunk_fwd_h(k, v, *, w=None, G=None, initial_state=None, chunk_size: int, sc
     grid = lambda meta: (triton.cdiv(D, meta["BLOCK_D"]) * triton.cdiv(DV, meta["BLOCK_DV"]), B * H)  # noqa: E731
     launch[grid](k, v, w, G, initial_state, hs, vnew, S, T, D, DV, NT, float(scale), _bh_bucket(B * H),
                  CHUNK=chunk_size, DELTA=delta, GATED=G is not None, USE_H0=initial_state is not None,
-                 STORE_H=store_h, STORE_HT=store_final, IO=io_dtype(k.dtype), WIDE=wide_dtype(k.dtype),
+                 STORE_H=store_h, STORE_HT=output_final_state, IO=io_dtype(k.dtype), WIDE=wide_dtype(k.dtype),
                  **fixed, **tiles)
     return hs, vnew, S
 
 
 def chunk_bwd_dh(q, k, do, dv_local, *, w=None, G=None, dS=None, chunk_size: int, scale: float,
-                 need_dh0: bool = True, block_v=None):
+                 need_state_grad: bool = True, block_v=None):
     """The reverse state pass.
 
     ``q, k, w: [B, H, T, D]``; ``do: [B, H, T, Dv]``; ``dv_local: [B, H, T, Dv]`` (q's dtype);
@@ -244,7 +244,7 @@ def chunk_bwd_dh(q, k, do, dv_local, *, w=None, G=None, dS=None, chunk_size: int
     dev = q.device
     dhs = torch.empty(B, H, NT, D, DV, device=dev, dtype=wide_storage(q.dtype))
     dvnew = torch.empty(B, H, T, DV, device=dev, dtype=q.dtype)
-    dS0 = torch.empty(B, H, DV, D, device=dev, dtype=torch.float32) if need_dh0 else None
+    dS0 = torch.empty(B, H, DV, D, device=dev, dtype=torch.float32) if need_state_grad else None
     if B * H == 0 or DV == 0 or D == 0:
         if dS0 is not None:
             dS0.copy_(dS) if dS is not None else dS0.zero_()
@@ -254,6 +254,6 @@ def chunk_bwd_dh(q, k, do, dv_local, *, w=None, G=None, dS=None, chunk_size: int
     grid = lambda meta: (triton.cdiv(DV, meta["BLOCK_DV"]), B * H)  # noqa: E731
     _bwd_dh[grid](q, k, w, G, do, dv_local, dS, dhs, dvnew, dS0, T, D, DV, NT, float(scale), _bh_bucket(B * H),
                   CHUNK=chunk_size, BLOCK_D=head_block(D), DELTA=w is not None, GATED=G is not None,
-                  USE_DHT=dS is not None, STORE_DH0=need_dh0, IO=io_dtype(q.dtype), WIDE=wide_dtype(q.dtype),
+                  USE_DHT=dS is not None, STORE_DH0=need_state_grad, IO=io_dtype(q.dtype), WIDE=wide_dtype(q.dtype),
                   **tiles)
     return dhs, dvnew, dS0

@@ -311,8 +311,8 @@ def interpret_config(configs, **fixed) -> dict:
     return {**last.kwargs, **{k: v for k, v in fixed.items() if v is not None}}
 
 
-def num_chunks(T: int, chunk: int) -> int:
-    return triton.cdiv(T, chunk)
+def num_chunks(T: int, chunk_size: int) -> int:
+    return triton.cdiv(T, chunk_size)
 
 
 # The compile-time bounds of the chunked kernels' tiles, as constexprs a @triton.jit function may read.

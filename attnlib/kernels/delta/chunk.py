@@ -34,8 +34,8 @@ from .wy import wy_backward, wy_forward
 
 
 def delta_rule_chunk_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor,
-                             g: torch.Tensor | None = None, *, scale: float, chunk_size: int = 64,
-                             initial_state: torch.Tensor | None = None, output_final_state: bool = True,
+                             g: torch.Tensor | None = None, *, scale: float, chunk_size: int,
+                             initial_state: torch.Tensor | None = None, output_final_state: bool,
                              block_k: int | None = None, block_v: int | None = None):
     """``q, k: [B, H, T, D]``, ``v: [B, H, T, Dv]``, ``beta, g: [B, H, T]``, ``initial_state: [B, H, Dv, D]``.
 
@@ -47,9 +47,9 @@ def delta_rule_chunk_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     q, k, v, beta = q.contiguous(), k.contiguous(), v.contiguous(), beta.contiguous()
     g = g.contiguous() if g is not None else None
     tiles = dict(block_k=block_k, block_v=block_v)
-    w, u, G = wy_forward(k, v, beta, g, chunk_size, **tiles)
-    hs, vnew, S = chunk_fwd_h(k, u, w=w, G=G, initial_state=initial_state, chunk_size=chunk_size,
-                              store_final=output_final_state, block_v=block_v)
+    w, u, G = wy_forward(k, v, beta, g, chunk_size=chunk_size, **tiles)
+    hs, vnew, S = chunk_fwd_h(k, u, w=w, G=G, initial_state=initial_state, chunk_size=chunk_size, scale=1.0,
+                              output_final_state=output_final_state, block_v=block_v)
     o = chunk_fwd_o(q, k, vnew, hs, G=G, scale=scale, chunk_size=chunk_size, **tiles)
     return o, S
 
@@ -63,16 +63,16 @@ def delta_rule_chunk_backward(q, k, v, beta, g, initial_state, do, dS, *, scale:
     q, k, v, beta, do = q.contiguous(), k.contiguous(), v.contiguous(), beta.contiguous(), do.contiguous()
     g = g.contiguous() if g is not None else None
     tiles = dict(block_k=block_k, block_v=block_v)
-    w, u, G = wy_forward(k, v, beta, g, chunk_size, **tiles)
-    hs, vnew, _ = chunk_fwd_h(k, u, w=w, G=G, initial_state=initial_state, chunk_size=chunk_size,
-                              store_final=False, block_v=block_v)
+    w, u, G = wy_forward(k, v, beta, g, chunk_size=chunk_size, **tiles)
+    hs, vnew, _ = chunk_fwd_h(k, u, w=w, G=G, initial_state=initial_state, chunk_size=chunk_size, scale=1.0,
+                              output_final_state=False, block_v=block_v)
     if only_dq:
         dq, _, _, _ = chunk_bwd_dqk(q, k, vnew, hs, do, G=G, scale=scale, chunk_size=chunk_size, delta=True,
                                     **tiles)
         return dq, None, None, None, None, None
     dvl = chunk_bwd_dv_local(q, k, do, G=G, scale=scale, chunk_size=chunk_size, **tiles)
     dhs, dvnew, dS0 = chunk_bwd_dh(q, k, do, dvl, w=w, G=G, dS=dS, chunk_size=chunk_size, scale=scale,
-                                   need_dh0=need_state_grad, block_v=block_v)
+                                   need_state_grad=need_state_grad, block_v=block_v)
     dq, dk, dw, dG_parts = chunk_bwd_dqk(q, k, vnew, hs, do, dh=dhs, dvnew=dvnew, G=G, scale=scale,
                                          chunk_size=chunk_size, delta=True, **tiles)
     dv, dbeta, dg = wy_backward(k, v, beta, G, dw, dvnew, dk, dG_parts, g_dtype=g.dtype if g is not None else None,

@@ -245,7 +245,7 @@ def _tiles(D, DV, block_k, block_v):
     return interpret_config(WY_CONFIGS, BLOCK_D=block_k or head_block(D), BLOCK_DV=block_v or head_block(DV))
 
 
-def wy_forward(k, v, beta, g, chunk_size: int, block_k=None, block_v=None):
+def wy_forward(k, v, beta, g, *, chunk_size: int, block_k=None, block_v=None):
     """``(W, U, G)`` per chunk: ``W = Ai (beta gamma . K)``, ``U = Ai (beta . V)`` in k's dtype, and ``G``,
     the chunk-local cumsum of ``g [B, H, T]`` (float32; None without gates)."""
     B, H, T, D = k.shape

@@ -283,7 +283,7 @@ def _blocks(R: int, D: int) -> tuple[int, int]:
     return block_r, block_d
 
 
-def _fwd(zs, s, wa, offsets, eps, out_dtype):
+def _fwd(zs, s, wa, offsets, norm_floor, out_dtype):
     B, T, R = zs.shape
     D = wa.shape[-1]
     g = torch.empty(B, T, D, device=zs.device, dtype=out_dtype)
@@ -292,12 +292,12 @@ def _fwd(zs, s, wa, offsets, eps, out_dtype):
         return g.zero_(), what.zero_()
     block_r, block_d = _blocks(R, D)
     grid = (triton.cdiv(T, BLOCK_T), triton.cdiv(D, block_d), B)
-    _fwd_kernel[grid](zs, s, wa, offsets, g, what, *g.stride(), T, R, D, offsets.numel(), float(eps), TINY,
+    _fwd_kernel[grid](zs, s, wa, offsets, g, what, *g.stride(), T, R, D, offsets.numel(), float(norm_floor), TINY,
                       BLOCK_T=BLOCK_T, BLOCK_R=block_r, BLOCK_D=block_d, DT=io_dtype(out_dtype))
     return g, what
 
 
-def _bwd(zs, s, wa, offsets, eps, what, dg):
+def _bwd(zs, s, wa, offsets, norm_floor, what, dg):
     B, T, R = zs.shape
     D = wa.shape[-1]
     dg = dg.contiguous()
@@ -311,7 +311,7 @@ def _bwd(zs, s, wa, offsets, eps, what, dg):
     _bwd_partner_kernel[grid](zs, wa, what, dg, dwhat, du, *dg.stride(), T, R, D,
                               BLOCK_T=BLOCK_T, BLOCK_R=block_r, BLOCK_D=block_d, DT=dt)
     dzs = torch.empty_like(dwhat)
-    _bwd_z_kernel[grid](zs, s, offsets, dwhat, du, dzs, T, R, offsets.numel(), float(eps), TINY,
+    _bwd_z_kernel[grid](zs, s, offsets, dwhat, du, dzs, T, R, offsets.numel(), float(norm_floor), TINY,
                         BLOCK_T=BLOCK_T, BLOCK_R=block_r)
     N = B * T
     gf = dg.reshape(N, D)
@@ -325,23 +325,25 @@ def _bwd(zs, s, wa, offsets, eps, what, dg):
     return dzs * s[..., None], dwa.sum(0)                   # dz = s dz_s: s is piecewise constant
 
 
-def plucker_fused_forward(zs: torch.Tensor, s: torch.Tensor, wa: torch.Tensor, offsets: torch.Tensor, eps: float,
-                          out_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+def plucker_fused_forward(zs: torch.Tensor, s: torch.Tensor, wa: torch.Tensor, offsets: torch.Tensor,
+                          norm_floor: float, out_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """``(g [B, T, d] in out_dtype, w_hat [B, T, r] float32)`` for the rescaled tokens ``zs [B, T, r]`` and
     their scales ``s [B, T]`` (both float32, contiguous: ``attnlib.grassmann`` rescales, so that the
     scaling rule lives once, beside the reference that uses it), the antisymmetric weight ``wa [r, r, d]``
-    (contiguous) and ``offsets`` (int32 on zs's device). ``w_hat`` is in the rescaled units: what
+    (contiguous) and ``offsets`` (int32 on zs's device). ``norm_floor`` is ``plucker_projection``'s, in the
+    unscaled units (the ``eps`` of the equations above). ``w_hat`` is in the rescaled units: what
     :func:`plucker_fused_backward` takes."""
     require_launchable(zs)
-    return _fwd(zs, s, wa, offsets, eps, out_dtype)
+    return _fwd(zs, s, wa, offsets, norm_floor, out_dtype)
 
 
-def plucker_fused_backward(zs: torch.Tensor, s: torch.Tensor, wa: torch.Tensor, offsets: torch.Tensor, eps: float,
-                           what: torch.Tensor, dg: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def plucker_fused_backward(zs: torch.Tensor, s: torch.Tensor, wa: torch.Tensor, offsets: torch.Tensor,
+                           norm_floor: float, what: torch.Tensor, dg: torch.Tensor
+                           ) -> tuple[torch.Tensor, torch.Tensor]:
     """Gradients ``(dz [B, T, r] float32, dwa [r, r, d] float32)`` for ``dg [B, T, d]``, the inputs as
     :func:`plucker_fused_forward` took them and its ``w_hat``; ``dz`` is with respect to the unscaled ``z``."""
     require_launchable(zs)
-    return _bwd(zs, s, wa, offsets, eps, what, dg)
+    return _bwd(zs, s, wa, offsets, norm_floor, what, dg)
 
 
 __all__ = ["plucker_fused_forward", "plucker_fused_backward"]

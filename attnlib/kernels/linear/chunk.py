@@ -39,10 +39,9 @@ SEGMENTED_MAX_HEAD = 128
 
 
 def linear_chunk_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                         initial_state: torch.Tensor | None = None, *, scale: float = 1.0,
-                         causal: bool = True, chunk_size: int = 64, out_dtype: torch.dtype | None = None,
-                         output_final_state: bool = True, segments: int | None = None,
-                         block_k: int | None = None, block_v: int | None = None
+                         initial_state: torch.Tensor | None = None, *, scale: float, causal: bool,
+                         chunk_size: int, out_dtype: torch.dtype | None = None, output_final_state: bool,
+                         segments: int | None = None, block_k: int | None = None, block_v: int | None = None
                          ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``q, k: [B, H, T, D]``, ``v: [B, H, T, Dv]`` (one dtype), ``initial_state: [B, H, Dv, D]`` or None.
 
@@ -60,18 +59,19 @@ def linear_chunk_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                                        out_dtype=out_dtype, output_final_state=output_final_state,
                                        segments=segments, block_v=block_v)
     if causal:                                   # wider heads: the state pass splits D, the outputs read it
-        hs, _, S = chunk_fwd_h(k, v, initial_state=initial_state, chunk_size=chunk_size,
-                               store_final=output_final_state, **tiles)
+        hs, _, S = chunk_fwd_h(k, v, initial_state=initial_state, chunk_size=chunk_size, scale=1.0,
+                               output_final_state=output_final_state, **tiles)
         return chunk_fwd_o(q, k, v, hs, scale=scale, chunk_size=chunk_size, out_dtype=out_dtype, **tiles), S
-    _, _, S = chunk_fwd_h(k, v, initial_state=initial_state, chunk_size=chunk_size, store_h=False, **tiles)
+    # Every output reads S_T, so it is formed whether or not the caller keeps it.
+    _, _, S = chunk_fwd_h(k, v, initial_state=initial_state, chunk_size=chunk_size, scale=1.0, store_h=False,
+                          output_final_state=True, **tiles)
     o = chunk_fwd_o(q, None, None, S, scale=scale, chunk_size=chunk_size, out_dtype=out_dtype, final=True,
                     **tiles)
     return o, S
 
 
-def linear_chunk_backward(q, k, v, initial_state, do, dS, *, scale: float = 1.0, causal: bool = True,
-                          chunk_size: int = 64, need_state_grad: bool = True, block_k: int | None = None,
-                          block_v: int | None = None):
+def linear_chunk_backward(q, k, v, initial_state, do, dS, *, scale: float, causal: bool, chunk_size: int,
+                          need_state_grad: bool = True, block_k: int | None = None, block_v: int | None = None):
     """Gradients of ``linear_chunk_forward``: ``(dq, dk, dv, dS0)``, the first three in the inputs' dtype,
     ``dS0`` float32 (None when ``need_state_grad`` is False). ``do: [B, H, T, Dv]``, ``dS: [B, H, Dv, D]``
     or None."""
@@ -79,16 +79,18 @@ def linear_chunk_backward(q, k, v, initial_state, do, dS, *, scale: float = 1.0,
     q, k, v, do = q.contiguous(), k.contiguous(), v.contiguous(), do.contiguous()
     tiles = dict(block_k=block_k, block_v=block_v)
     if causal:
-        hs, _, _ = chunk_fwd_h(k, v, initial_state=initial_state, chunk_size=chunk_size, store_final=False,
-                               **tiles)
+        hs, _, _ = chunk_fwd_h(k, v, initial_state=initial_state, chunk_size=chunk_size, scale=1.0,
+                               output_final_state=False, **tiles)
         dvl = chunk_bwd_dv_local(q, k, do, scale=scale, chunk_size=chunk_size, **tiles)
         dhs, dv, dS0 = chunk_bwd_dh(q, k, do, dvl, dS=dS, chunk_size=chunk_size, scale=scale,
-                                    need_dh0=need_state_grad, block_v=block_v)
+                                    need_state_grad=need_state_grad, block_v=block_v)
         dq, dk, _, _ = chunk_bwd_dqk(q, k, v, hs, do, dh=dhs, scale=scale, chunk_size=chunk_size, **tiles)
         return dq, dk, dv, dS0
     # Non-causal: every output reads S_T, so dL/dS_T = dS + scale dO^T Q (one sum over time).
-    _, _, S = chunk_fwd_h(k, v, initial_state=initial_state, chunk_size=chunk_size, store_h=False, **tiles)
-    _, _, dST = chunk_fwd_h(q, do, initial_state=dS, chunk_size=chunk_size, scale=scale, store_h=False, **tiles)
+    _, _, S = chunk_fwd_h(k, v, initial_state=initial_state, chunk_size=chunk_size, scale=1.0, store_h=False,
+                          output_final_state=True, **tiles)
+    _, _, dST = chunk_fwd_h(q, do, initial_state=dS, chunk_size=chunk_size, scale=scale, store_h=False,
+                            output_final_state=True, **tiles)
     dq = chunk_fwd_o(do, None, None, S.transpose(-1, -2), scale=scale, chunk_size=chunk_size, final=True,
                      **tiles)                                                    # scale dO S
     dk = chunk_fwd_o(v, None, None, dST.transpose(-1, -2), scale=1.0, chunk_size=chunk_size, out_dtype=k.dtype,

@@ -177,20 +177,19 @@ _sum = autotuned(_segment_sum_kernel, SUM_CONFIGS, ["D", "DV", "CHUNK"], pruner(
                  name="segments._sum")
 
 
-def segment_count(T: int, chunk: int, BH: int, DV: int, device: torch.device) -> int:
+def segment_count(T: int, chunk_size: int, BH: int, DV: int, device: torch.device) -> int:
     """Segments for the output kernel to have about two programs per streaming multiprocessor, each
     at least :data:`MIN_SEGMENT_CHUNKS` chunks long (one segment under the interpreter, whose device
     has one multiprocessor)."""
     programs = BH * triton.cdiv(DV, OUTPUT_BLOCK_V)
     wanted = triton.cdiv(2 * sm_count(device), max(programs, 1))
-    NT = num_chunks(T, chunk)
+    NT = num_chunks(T, chunk_size)
     ns = max(1, min(wanted, NT // MIN_SEGMENT_CHUNKS))
     return num_chunks(NT, triton.cdiv(NT, ns)) if NT else 1
 
 
 def linear_segments_forward(q, k, v, initial_state=None, *, scale: float, chunk_size: int, out_dtype=None,
-                            output_final_state: bool = True, segments: int | None = None,
-                            block_v: int | None = None):
+                            output_final_state: bool, segments: int | None = None, block_v: int | None = None):
     """The causal forward. ``q, k: [B, H, T, D]``, ``v: [B, H, T, Dv]``, ``initial_state: [B, H, Dv, D]``.
     Returns ``(o [B, H, T, Dv] in out_dtype (default q's), S_T [B, H, Dv, D] float32 or None)``.
     ``segments`` forces the number of segments (tests use it under the interpreter)."""

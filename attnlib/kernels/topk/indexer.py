@@ -216,7 +216,7 @@ def _warps(bm: int, bn: int, block_d: int, backward: bool) -> int:
 
 
 def index_scores_forward(index_q: torch.Tensor, index_k: torch.Tensor, index_w: torch.Tensor, *,
-                         causal: bool = False) -> torch.Tensor:
+                         causal: bool) -> torch.Tensor:
     """``I [B, 1, Tq, Tk]`` float32. Inputs validated by ``attnlib.topk`` (one dtype: float16, bfloat16 or
     float32; ``d_I <= 256``). ``causal``: tiles wholly above the diagonal hold ``-inf`` instead of their
     scores (for the causal selection only, which never reads them)."""
