@@ -13,8 +13,10 @@ dispatch; the experiments that chapters run on them live here, one submodule per
     grassmann  chapter 6's corpus, GrassmannLM and TransformerLM, training, counted FLOPs
     kernels  what the chunked kernels move, launch by launch, read from the static kernel report
     topk     chapter 7's top-k layer: the transport reading, the blind needle, the trained indexer, cost
+             (a package, a module per job)
     weights  the [T, T] weights each mechanism puts on the values (the operator applied to v = I)
     landscape  chapter 7: every mechanism's cost on one set of axes (one record per mechanism), crossovers
+             (a package: costs, counted references, the registry, crossovers, timings, exactness)
     published  chapter 7: the published designs' config numbers, each with its source, and what they imply
     flash_walk  the flash forward kernel's running state, key tile by key tile (the appendix)
     roofline  counted FLOPs and bytes per op against a GPU's two ceilings (the appendix)
