@@ -51,6 +51,11 @@ BOOK: dict[str, InTheBook] = {
     "block_sparse": InTheBook("02", "needle", "ch02", "block_sparse", absent={
         "recall": "a fixed band recalls what lies inside it and nothing else: no capacity to measure",
         "roofline": _NO_ROOFLINE, "kernel report": _NO_REPORT}),
+    "sliding_window": InTheBook("02", "needle", "ch02", "sliding_window", absent={
+        "landscape": "chapter 7 has it as block-sparse (local band): the same band at block granularity, whose "
+                     "adversary is this one",
+        "recall": "it recalls exactly the pairs inside its window and none outside: no capacity to measure",
+        "roofline": _NO_ROOFLINE, "kernel report": _NO_REPORT}),
     "linear": InTheBook("03", "linear", "ch03", "linear"),
     "delta": InTheBook("04", "deltanet", "ch04", "delta", absent={"needle": _NOT_SOFTMAX}),
     "gated_delta": InTheBook("04", "deltanet", "ch04", "delta", absent={"needle": _NOT_SOFTMAX}),

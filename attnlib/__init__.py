@@ -12,13 +12,14 @@ from .grassmann import CausalGrassmannMixing, plucker, plucker_features, plucker
 from .linear import linear_attention, linear_attention_decode_step
 from .sparse import block_sparse_attention
 from .topk import index_scores, indexer_kl_loss, topk_attention, topk_select
+from .window import sliding_window_attention
 
 __version__ = "0.1.0"
 
 __all__ = [
     "softmax_attention",                                  # chapter 1
     "eot", "metrics",
-    "block_sparse_attention",                             # chapter 2 (its needle: attnbook.experiments.needle)
+    "block_sparse_attention", "sliding_window_attention",  # chapter 2 (its needle: attnbook.experiments.needle)
     "linear_attention", "linear_attention_decode_step",   # chapter 3
     "delta_rule", "delta_rule_decode_step",               # chapter 4
     "anna_attention",                                     # chapter 5

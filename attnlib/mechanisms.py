@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from . import anna, attention, deltanet, grassmann, linear, sparse, topk
+from . import anna, attention, deltanet, grassmann, linear, sparse, topk, window
 
 
 @dataclass(frozen=True)
@@ -40,6 +40,8 @@ REGISTRY: dict[str, Mechanism] = {m.name: m for m in (
               kernels="flash", benchmark="attention"),
     Mechanism("block_sparse", "block-sparse", sparse.block_sparse_attention, sparse.block_sparse_attention_reference,
               kernels="block_sparse", benchmark="block_sparse"),
+    Mechanism("sliding_window", "sliding window", window.sliding_window_attention,
+              window.sliding_window_attention_reference, kernels="window", benchmark="window"),
     Mechanism("linear", "linear", linear.linear_attention, linear.linear_attention_parallel_reference,
               kernels="linear", benchmark="linear", decode_step=linear.linear_attention_decode_step),
     Mechanism("delta", "DeltaNet", deltanet.delta_rule, deltanet.delta_rule_recurrent_reference,

@@ -7,17 +7,19 @@ own, free of side effects, so that the test can read the list without importing 
 
 FLASH = ("_flash_fwd_kernel", "_flash_bwd_dkdv_kernel", "_flash_bwd_dq_kernel")
 BLOCK_SPARSE = ("_block_sparse_fwd_kernel", "_block_sparse_bwd_dkdv_kernel", "_block_sparse_bwd_dq_kernel")
+# The sliding-window kernels run flash's candidates under flash's pruning hooks: compiled in the flash runs.
+WINDOW = ("_window_fwd_kernel", "_window_bwd_dkdv_kernel", "_window_bwd_dq_kernel")
 TOPK = ("_index_scores_fwd_kernel", "_index_scores_bwd_dq_kernel", "_index_scores_bwd_dk_kernel",
         "_topk_attn_fwd_kernel", "_topk_attn_bwd_kernel")
 CHUNKED_WORKLOADS = "linear,linear non-causal,delta,gated delta,gated delta dq only"
-_FLASH_CAUSAL = "flash,flash fused,block-sparse"
-_FLASH_NON_CAUSAL = "flash non-causal,flash fused non-causal,block-sparse non-causal"
+_FLASH_CAUSAL = "flash,flash fused,block-sparse,window"
+_FLASH_NON_CAUSAL = "flash non-causal,flash fused non-causal,block-sparse non-causal,window non-causal"
 
 
 def _flash_run(sm: int, dtype: str, workloads: str, *extra: str) -> list[str]:
     # A candidate kept at several widths is compiled at the widest only, one causality and dtype per run:
     # bf16 and fp16 give the same registers, causal and non-causal within a few and the same spills.
-    return ["--kernels", ",".join(FLASH + BLOCK_SPARSE), "--dims", "64", "128", "256", "--dtypes", dtype,
+    return ["--kernels", ",".join(FLASH + BLOCK_SPARSE + WINDOW), "--dims", "64", "128", "256", "--dtypes", dtype,
             "--widest-only", "--workloads", workloads, "--sm", str(sm), *extra]
 
 

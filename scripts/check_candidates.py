@@ -8,8 +8,9 @@ Triton's interpreter the wrappers run one fixed tiling. So this script lists, fo
 GPU), and forces each distinct one (``launch.forcing``) through the public op it serves, forward and
 backward, at the smallest shape that fills its tiles: head dims = the listed head dim, the sequence
 two full tiles and a ragged one (three chunks; the segmented forward in two segments, so that its
-segment-sum kernel runs too). The chunked kernels run float32, the flash kernels float16 (what they
-run on a GPU); every output and gradient is compared (relative RMS) with the op on float64 inputs
+segment-sum kernel runs too; the sliding-window kernels with a window that leaves them edge tiles at both
+ends and inner tiles between). The chunked kernels run float32, the flash and sliding-window kernels
+float16 (what they run on a GPU); every output and gradient is compared (relative RMS) with the op on float64 inputs
 through ``backend="torch"``.
 
     TRITON_INTERPRET=1 python scripts/check_candidates.py            # all; writes the JSON
@@ -47,7 +48,10 @@ from attnlib.kernels.delta import wy  # noqa: E402, F401  (registers its launche
 from attnlib.kernels.flash import backward as flash_bwd  # noqa: E402, F401
 from attnlib.kernels.flash import forward as flash_fwd  # noqa: E402, F401
 from attnlib.kernels.linear import segments  # noqa: E402
+from attnlib.kernels.window import backward as window_bwd  # noqa: E402, F401
+from attnlib.kernels.window import forward as window_fwd  # noqa: E402, F401
 from attnlib.metrics import rel_rms  # noqa: E402
+from attnlib.window import sliding_window_attention  # noqa: E402
 from benchmarks import _artifacts as artifacts  # noqa: E402
 
 RESULT = ROOT / "benchmarks" / "results" / "candidates_executed.json"
@@ -64,7 +68,10 @@ OP = {"chunk_state._fwd_h_split": "linear", "chunk_state._fwd_h_full": "gated_de
       "chunk_state._bwd_dh": "gated_delta", "chunk_o._fwd_o": "gated_delta", "chunk_o._dv_local": "gated_delta",
       "chunk_o._dqk": "gated_delta", "wy._wy_fwd": "gated_delta", "wy._wy_bwd": "gated_delta",
       "segments._output": "linear", "segments._sum": "linear", "flash.forward._flash_fwd": "softmax",
-      "flash.backward._dkdv": "softmax", "flash.backward._dq": "softmax", "flash.backward._fused": "softmax_fused"}
+      "flash.backward._dkdv": "softmax", "flash.backward._dq": "softmax", "flash.backward._fused": "softmax_fused",
+      "window.forward._window_fwd": "window", "window.backward._dkdv": "window", "window.backward._dq": "window"}
+# The softmax-family ops: q, k, v in, (o, lse) out, float16 on a GPU.
+SOFTMAX_OPS = ("softmax", "softmax_fused", "window")
 
 
 def stamp() -> dict:
@@ -121,8 +128,9 @@ def _config(entry: dict):
 
 def _length(entry: dict) -> int:
     """Two full tiles and a ragged one: three chunks for the chunked kernels; for flash, of its widest
-    tile (so every program of the candidate's grid, the diagonal and the tail, is exercised)."""
-    if entry["launch"].startswith("flash."):
+    tile (so every program of the candidate's grid, the diagonal and the tail, is exercised); the same for
+    the sliding-window kernels (whose window, :func:`_run_op`, then leaves them every kind of tile)."""
+    if entry["launch"].startswith(("flash.", "window.")):
         return 2 * max(entry["tiles"]["BLOCK_M"], entry["tiles"]["BLOCK_N"]) + 7
     return 2 * CHUNK + 7
 
@@ -133,7 +141,7 @@ def _inputs(op: str, T: int, hd: int, seed: int) -> tuple[list, list]:
     r = lambda *s: torch.randn(*s, generator=gen, dtype=F64)  # noqa: E731
     q, v = r(1, 1, T, hd), r(1, 1, T, hd)
     k = torch.nn.functional.normalize(r(1, 1, T, hd), dim=-1)
-    if op.startswith("softmax"):
+    if op in SOFTMAX_OPS:
         return [q, r(1, 1, T, hd), v], [r(1, 1, T, hd), r(1, 1, T)]
     S0 = r(1, 1, hd, hd)
     if op == "linear":
@@ -149,6 +157,12 @@ def _run_op(op: str, ins: list, backend: str) -> list:
         q, k, v = ins
         return list(attnlib.softmax_attention(q, k, v, causal=True, return_lse=True, backend=backend,
                                               deterministic=op != "softmax_fused"))
+    if op == "window":
+        # T - 4 at T = 2 max(tiles) + 7: at least BLOCK_M + BLOCK_N, so that the last programs have edge tiles
+        # at both ends of the band (the last rows do not see the first keys) and inner tiles between.
+        q, k, v = ins
+        return list(sliding_window_attention(q, k, v, window=q.shape[2] - 4, causal=True, return_lse=True,
+                                             backend=backend))
     if op == "linear":
         q, k, v, S0 = ins
         return list(attnlib.linear_attention(q, k, v, scale=1.0, causal=True, chunk_size=CHUNK, initial_state=S0,
@@ -190,7 +204,7 @@ def run(entry: dict, seed: int = 0) -> dict:
     "launches", "failure"}`` -- ``error`` the largest relative RMS error over the outputs and gradients."""
     name, hd = entry["launch"], entry["head_dim"]
     op = OP[name]
-    dtype = torch.float16 if op.startswith("softmax") else torch.float32
+    dtype = torch.float16 if op in SOFTMAX_OPS else torch.float32
     ins, grads_out, want = _reference(op, _length(entry), hd, seed)
     start = time.perf_counter()
     before = launch.FORCED_LAUNCHES.get(name, 0)
@@ -216,7 +230,7 @@ def warm_up() -> None:
     first call (and keeps it), so after this the code that runs is the code on disk now -- whatever is
     edited later in the run."""
     for op in sorted(set(OP.values())):
-        ins, grads_out = _inputs(op, 2 * CHUNK + 7 if not op.startswith("softmax") else 40, 16, seed=1)
+        ins, grads_out = _inputs(op, 2 * CHUNK + 7 if op not in SOFTMAX_OPS else 40, 16, seed=1)
         with _two_segments():
             _values_and_grads(op, ins, grads_out, "triton", torch.float32)
 

@@ -106,6 +106,7 @@ BENCH = {
     "deltanet": [],
     "attention": ["--dtypes", "bf16", "--T", "4096,16384", "--D", "64,128", "--long", "1,8,65536,128"],
     "block_sparse": [],
+    "window": [],
     "topk": [],
     "anna": [],
     "grassmann": [],
@@ -116,11 +117,11 @@ LABS = {p.name.split("_")[0]: p for p in sorted((ROOT / "notebooks").glob("*_lab
 # every kernel against float64 (bf16 first, one family a slice), then each benchmark against its anchor
 # (fla for the chunked operators, SDPA for softmax), then each lab at full scale. Profiling the worst
 # ratio and tuning is left to a person with the numbers in hand.
-TEST_FAMILIES = ("softmax", "block_sparse", "linear or delta", "anna or grassmann or topk")
+TEST_FAMILIES = ("softmax or sliding_window", "block_sparse", "linear or delta", "anna or grassmann or topk")
 LEDGER = (
     *(f"tests:bfloat16 and ({family})" for family in TEST_FAMILIES),
     "tests:not (bfloat16 and (" + " or ".join(TEST_FAMILIES) + "))",     # the rest: fp16, fp32, no dtype
-    "bench:linear", "bench:deltanet", "bench:attention", "bench:block_sparse",
+    "bench:linear", "bench:deltanet", "bench:attention", "bench:block_sparse", "bench:window",
     "bench:topk", "bench:anna", "bench:grassmann",
     *(f"labs:{name}" for name in LABS),
 )

@@ -1,22 +1,24 @@
-"""Registers, spills and shared memory of the chunked, flash, block-sparse and top-k Triton kernels, compiled
-on the CPU for an A100 (sm_80), an L4 (sm_89) or an H100 (sm_90; the default), at D = 64, 128, 256 in
-bf16 and fp16, every variant the wrappers launch (causal and not, the fused flash backward, the dq-only
-delta backward, block-sparse, top-k's indexer and attention): the matrix behind the autotuners' ``SPILLS``
-tables and the resource tests. A compile-time resource report, not a timing: nothing runs on a GPU.
-(``kernel_report.py`` is the report at the benchmark shapes, with bytes and fla beside.)
+"""Registers, spills and shared memory of the chunked, flash, block-sparse, sliding-window and top-k Triton
+kernels, compiled on the CPU for an A100 (sm_80), an L4 (sm_89) or an H100 (sm_90; the default), at D = 64,
+128, 256 in bf16 and fp16, every variant the wrappers launch (causal and not, the fused flash backward, the
+dq-only delta backward, block-sparse, sliding-window, top-k's indexer and attention): the matrix behind the
+autotuners' ``SPILLS`` tables and the resource tests. A compile-time resource report, not a timing:
+nothing runs on a GPU. (``kernel_report.py`` is the report at the benchmark shapes, with bytes and fla
+beside.)
 
 How. The public wrappers (``linear_chunk_forward/backward``, ``delta_rule_chunk_forward/backward``,
 ``flash_attention_forward/backward``, ``block_sparse_attention_forward/backward``,
-``index_scores_forward/backward``, ``topk_attention_forward/backward``) run under
-``FakeTensorMode`` on a fake CUDA device, so every block size, warp count and stage count is the one
-they would choose on a GPU (``common/launch.py``). Each kernel launch is intercepted instead of run;
-its arguments go through Triton's own binder (the specialisation the JIT would make: pointer and
-integer divisibility by 16, integers equal to 1 as constants; a tensor descriptor's dtype and box) and
-the kernel is compiled with ``triton.compile`` for the target (``--sm``; the device queries -- compute
-capability, shared memory per block -- answer for it: ``benchmarks.kernel_report.fake_gpu``). Triton hands the PTX
-to its bundled ``ptxas -v``; we capture that log for registers per thread and spill bytes, read the
-shared memory Triton allocates from the compiled metadata, and from the PTX which instruction the
-products lower to (``wgmma``, ``mma.sync`` or neither: FMA) and whether tiles are loaded by TMA.
+``sliding_window_forward/backward``, ``index_scores_forward/backward``,
+``topk_attention_forward/backward``) run under ``FakeTensorMode`` on a fake CUDA device, so every block
+size, warp count and stage count is the one they would choose on a GPU (``common/launch.py``). Each
+kernel launch is intercepted instead of run; its arguments go through Triton's own binder (the
+specialisation the JIT would make: pointer and integer divisibility by 16, integers equal to 1 as
+constants; a tensor descriptor's dtype and box) and the kernel is compiled with ``triton.compile`` for
+the target (``--sm``; the device queries -- compute capability, shared memory per block -- answer for it:
+``benchmarks.kernel_report.fake_gpu``). Triton hands the PTX to its bundled ``ptxas -v``; we capture that
+log for registers per thread and spill bytes, read the shared memory Triton allocates from the compiled
+metadata, and from the PTX which instruction the products lower to (``wgmma``, ``mma.sync`` or neither:
+FMA) and whether tiles are loaded by TMA.
 
 Autotuned kernels would benchmark on a GPU. Here the autotuner's launch is intercepted too: its
 ``early_config_prune`` hook runs (with the real arguments and the target's shared memory and spill
@@ -24,7 +26,8 @@ table) and every configuration it keeps -- any of which the autotuner may pick -
 own launch, after the configuration's pre-hook (which sets the tensor descriptors' boxes).
 ``--every-config`` skips the hook and captures the whole ``configs`` list (to see what the hook removes).
 ``--no-tma`` takes the pointer loads on sm_90 too (the fallback of the descriptor path). The
-block-sparse wrappers are run with ``block_size`` 128, the largest tiles they launch.
+block-sparse wrappers are run with ``block_size`` 128, the largest tiles they launch; the sliding-window
+wrappers with ``window`` 512 (its value is a runtime integer: registers do not depend on it).
 
 Run with TRITON_INTERPRET unset, from the repository root:
 
@@ -74,13 +77,15 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 SEQ_LEN = 4096                                    # the length the integers are specialised for (T % 16 == 0)
 BLOCK_SIZE = 128                                  # the block-sparse mask's block: the widest kernel tiles
 INDEX_HEADS, TOP_K = 4, 2048                      # top-k attention: index heads, keys per query (DeepSeek's k)
+WINDOW = 512                                      # sliding-window attention: the band's width
 CACHE = ROOT / "benchmarks" / "results" / "kernel_registers_cache.json"
 
 # ----------------------------------------------------------------------------- what the wrappers launch
 
 def workloads(D: int, dtype: torch.dtype) -> dict:
-    """Forward and backward of each chunked, flash and block-sparse mechanism at head dim ``D`` (Dv = D),
-    as callables (the flash backward in both forms: deterministic and fused)."""
+    """Forward and backward of each chunked, flash, block-sparse and sliding-window mechanism at head dim ``D``
+    (Dv = D), as callables (the flash backward in both forms: deterministic and fused)."""
+    from attnlib._backend import WINDOW_MAX_HEAD_DIM
     from attnlib.kernels.block_sparse import block_sparse_attention_backward, block_sparse_attention_forward
     from attnlib.kernels.delta.chunk import delta_rule_chunk_backward, delta_rule_chunk_forward
     from attnlib.kernels.flash import flash_attention_backward, flash_attention_forward
@@ -91,6 +96,7 @@ def workloads(D: int, dtype: torch.dtype) -> dict:
         topk_attention_backward,
         topk_attention_forward,
     )
+    from attnlib.kernels.window import sliding_window_backward, sliding_window_forward
 
     B, H, T = 1, 1, SEQ_LEN
     dev = torch.device("cuda")
@@ -131,6 +137,12 @@ def workloads(D: int, dtype: torch.dtype) -> dict:
         o, lse = block_sparse_attention_forward(q, k, v, mask, **kw)
         block_sparse_attention_backward(q, k, v, o, lse, do, dlse, mask, **kw)
 
+    def window(causal):
+        q, k, v, do, dlse = attention()
+        kw = dict(window=WINDOW, scale=D ** -0.5, causal=causal)
+        o, lse = sliding_window_forward(q, k, v, **kw)
+        sliding_window_backward(q, k, v, o, lse, do, dlse, **kw)
+
     def topk(causal):
         # The indexer at d_I = D (DeepSeek-V3.2: 64 index heads of 128), then the attention over TOP_K keys.
         q, k, v, do, dlse = attention()
@@ -147,6 +159,8 @@ def workloads(D: int, dtype: torch.dtype) -> dict:
             "flash": lambda: flash(True), "flash non-causal": lambda: flash(False),
             "flash fused": lambda: flash(True, False), "flash fused non-causal": lambda: flash(False, False),
             "block-sparse": lambda: block_sparse(True), "block-sparse non-causal": lambda: block_sparse(False),
+            **({"window": lambda: window(True), "window non-causal": lambda: window(False)}
+               if D <= WINDOW_MAX_HEAD_DIM else {}),      # wider heads take the PyTorch path
             "topk": lambda: topk(True)}
 
 
@@ -308,11 +322,13 @@ def main(argv=None) -> int:
         print(json.dumps(rows))
     if not (a.no_save or a.every_config or a.widest_only or only or a.no_tma):
         RESULT.parent.mkdir(parents=True, exist_ok=True)
-        meta = {"what": "compile-time resources of the chunked, flash and block-sparse kernels (ptxas -v), "
+        meta = {"what": "compile-time resources of the chunked, flash, block-sparse and sliding-window kernels "
+                        "(ptxas -v), "
                         "not a timing; autotuned kernels: one row per candidate the pruning hook keeps",
                 "target": ", ".join(f"cuda sm_{sm}" for sm in a.sm) + ", warp size 32", "triton": triton.__version__,
                 "torch": torch.__version__, "date": datetime.date.today().isoformat(),
-                "seq_len_specialised": SEQ_LEN, "block_sparse_block_size": BLOCK_SIZE, "rows": rows}
+                "seq_len_specialised": SEQ_LEN, "block_sparse_block_size": BLOCK_SIZE, "window": WINDOW,
+                "rows": rows}
         RESULT.write_text(json.dumps(meta, indent=1) + "\n")
         print(f"wrote {RESULT.relative_to(ROOT)}", file=sys.stderr)
     return 0

@@ -1,4 +1,4 @@
-"""Compile every softmax / block-sparse Triton kernel for an NVIDIA GPU (sm_90) on this machine, no GPU
+"""Compile every softmax / block-sparse / sliding-window Triton kernel for an NVIDIA GPU (sm_90) on this machine, no GPU
 needed: Triton's front end, its MLIR passes and the bundled ptxas all run on the CPU. Catches what the
 interpreter lets through (globals that are not constexpr, layouts or shapes the compiler refuses, shared
 memory over the limit). The flash kernels are compiled both ways they load their tiles: pointers, and
@@ -16,6 +16,8 @@ from attnlib.kernels.block_sparse import forward as bs_fwd
 from attnlib.kernels.common import online_softmax
 from attnlib.kernels.flash import backward as flash_bwd
 from attnlib.kernels.flash import forward as flash_fwd
+from attnlib.kernels.window import backward as window_bwd
+from attnlib.kernels.window import forward as window_fwd
 
 TARGET = GPUTarget("cuda", 90, 32)
 SMEM_LIMIT = 227 * 1024                       # H100: shared memory per block
@@ -43,6 +45,7 @@ def main() -> int:
     dkdv = dict(BLOCK_M=32, BLOCK_N=128, EVEN_D=False, **tiles)
     untraced = dict(TRACE=False, TRACE_M=None, TRACE_L=None, TRACE_ACC=None)   # as every production launch
     fwd = dict(BLOCK_M=128, BLOCK_N=64, EVEN_D=False, **untraced, **tiles)
+    window_tiles = dict(BLOCK_M=128, BLOCK_N=64, EVEN_D=False, **tiles)
     cases = {
         "flash forward": (flash_fwd._flash_fwd_kernel, fwd_args,
                           dict(fwd, TMA=False), ("qk_scale",), 4, 3),
@@ -66,6 +69,16 @@ def main() -> int:
                                dict(Q=half, K=half, V=half, DO=half, LSE=f32, DELTA=f32, DK=half, DV_OUT=half,
                                     COUNTS_T=i32, INDICES_T=i32),
                                dict(BS=128, BLOCK_M=32, BLOCK_N=64, **tiles), ("qk_scale", "sm_scale"), 4, 2),
+        "window forward": (window_fwd._window_fwd_kernel, fwd_args, dict(window_tiles, TMA=False), ("qk_scale",), 4, 3),
+        "window forward, TMA": (window_fwd._window_fwd_kernel, fwd_tma, dict(window_tiles, TMA=True), ("qk_scale",),
+                                8, 3),
+        "window dK/dV": (window_bwd._window_bwd_dkdv_kernel, bwd_args,
+                         dict(dkdv, TMA=False), ("qk_scale", "sm_scale"), 8, 3),
+        "window dK/dV, TMA": (window_bwd._window_bwd_dkdv_kernel, bwd_tma,
+                              dict(dkdv, TMA=True), ("qk_scale", "sm_scale"), 8, 3),
+        "window dQ": (window_bwd._window_bwd_dq_kernel,
+                      dict(Q=half, K=half, V=half, DO=half, LSE=f32, DELTA=f32, DQ=half),
+                      dict(BLOCK_M=128, BLOCK_N=32, EVEN_D=False, TMA=False, **tiles), ("qk_scale", "sm_scale"), 8, 3),
         "block-sparse dQ": (bs_bwd._block_sparse_bwd_dq_kernel,
                             dict(Q=half, K=half, V=half, DO=half, LSE=f32, DELTA=f32, DQ=half, COUNTS=i32,
                                  INDICES=i32),

@@ -43,11 +43,12 @@ def _key(entry: dict) -> tuple:
 
 def _sample() -> list[dict]:
     """One tiling per launch at head dim 64, the farthest from what the interpreter runs by itself: for
-    the chunked kernels (head-wide tiles there) the one with the most tiles over the head, for flash
-    (small tiles there) the largest; the dq/dk kernel's is then its 32-wide key tile of sm_80/sm_89."""
+    the chunked kernels (head-wide tiles there) the one with the most tiles over the head, for flash and
+    sliding-window (small tiles there) the largest; the dq/dk kernel's is then its 32-wide key tile of
+    sm_80/sm_89."""
     picked = {}
     for e in sorted(cc.tilings(), key=lambda e: (e["head_dim"] != 64, math.prod(e["tiles"].values())
-                                                 * (-1 if e["launch"].startswith("flash.") else 1))):
+                                                 * (-1 if e["launch"].startswith(("flash.", "window.")) else 1))):
         picked.setdefault(e["launch"], e)
     return list(picked.values())
 

@@ -26,6 +26,7 @@ import attnlib
 from attnlib.attention import softmax_attention_reference
 from attnlib.deltanet import delta_rule_recurrent_reference
 from attnlib.sparse import block_sparse_attention_reference, n_blocks
+from attnlib.window import sliding_window_attention_reference
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -227,6 +228,40 @@ def test_block_sparse_attention_backward(dtype, T, D, Dv, bs, causal):
         lambda q, k, v: block_sparse_attention_reference(q, k, v, mask, block_size=bs, scale=D ** -0.5,
                                                          causal=causal),
         (q, k, v), dtype, T=T, D=D, Dv=Dv, block=bs, causal=causal)
+
+
+# Sliding-window attention: the flash kernels over each tile's band (attnlib/kernels/window). Windows
+# narrower than a tile (every tile an edge tile), not dividing one, wide enough for unmasked inner tiles,
+# and at least T (softmax attention); ragged lengths; D != Dv; head dims up to the 128 the kernels take.
+_WINDOW_CASES = [(1, 64, 64, 4, True), (200, 64, 64, 1, False), (333, 64, 40, 17, True), (333, 64, 64, 100, False),
+                 (1000, 128, 128, 256, True), (257, 80, 48, 1000, False), (300, 128, 96, 77, True)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("T,D,Dv,window,causal", _WINDOW_CASES)
+def test_sliding_window_attention(dtype, T, D, Dv, window, causal):
+    q, k = _randn(2, 3, T, D, dtype=dtype, seed=T), _randn(2, 3, T, D, dtype=dtype, seed=T + 1)
+    v = _randn(2, 3, T, Dv, dtype=dtype, seed=T + 2)
+    o, lse = attnlib.sliding_window_attention(q, k, v, window=window, causal=causal, return_lse=True,
+                                              backend="triton")
+    o_ref, lse_ref = sliding_window_attention_reference(q.double(), k.double(), v.double(), window=window,
+                                                        scale=D ** -0.5, causal=causal)
+    _check("sliding_window_attention", dtype, o, o_ref, T=T, D=D, Dv=Dv, window=window, causal=causal)
+    _check("sliding_window_attention.lse", dtype, lse, lse_ref, tol=1e-5, T=T, D=D, Dv=Dv, window=window,
+           causal=causal)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("T,D,Dv,window,causal", _WINDOW_CASES)
+def test_sliding_window_attention_backward(dtype, T, D, Dv, window, causal):
+    q, k = _randn(1, 3, T, D, dtype=dtype, seed=T), _randn(1, 3, T, D, dtype=dtype, seed=T + 1)
+    v = _randn(1, 3, T, Dv, dtype=dtype, seed=T + 2)
+    _grads_vs_float64(
+        "sliding_window_attention.bwd",
+        lambda q, k, v: attnlib.sliding_window_attention(q, k, v, window=window, causal=causal, return_lse=True,
+                                                         backend="triton"),
+        lambda q, k, v: sliding_window_attention_reference(q, k, v, window=window, scale=D ** -0.5, causal=causal),
+        (q, k, v), dtype, T=T, D=D, Dv=Dv, window=window, causal=causal)
 
 
 # ---------------------------------------------------------------------------- chapter 3

@@ -7,10 +7,11 @@ spill goes through local memory (L1/L2) on every use, and a kernel that needs mo
 the device has fails to launch -- neither of which Triton's interpreter can see. The benchmark shapes
 (D = 64 and 128) are checked for the four attention ops by ``tests/test_kernel_report.py``; this file
 checks what the report does not: the chunked kernels at the widest head they take (D = 256), and the
-flash and block-sparse kernels at D = 64, 128 and 256 in both backward forms, both causalities, on sm_90
-through tensor descriptors and through pointers, and the top-k kernels (indexer and gathered attention)
-at D = 64, 128 and 256. The counts come from ``scripts/kernel_resources.py --checked-runs`` (``ptxas -v``,
-about 12 CPU-minutes), committed in ``benchmarks/results/kernel_registers_cache.json`` with the inputs
+flash and block-sparse kernels at D = 64, 128 and 256 (the sliding-window kernels at the 64 and 128 they
+take) in both backward forms, both causalities, on sm_90 through tensor descriptors and through pointers,
+and the top-k kernels (indexer and gathered attention) at D = 64, 128 and 256. The counts come from
+``scripts/kernel_resources.py --checked-runs`` (``ptxas -v``, about 12 CPU-minutes), committed in
+``benchmarks/results/kernel_registers_cache.json`` with the inputs
 they were made from (``benchmarks/_artifacts.py``). Nothing here compiles: a test reads the committed
 counts when they are of this code and these versions, and fails at once, naming the command that makes
 them again, when they are not -- so a kernel that spills or overflows still cannot land."""
@@ -75,6 +76,7 @@ def test_chunked_kernels_at_d256_fit_and_spill_no_registers_on_every_target():
 
 
 FLASH = kr.FLASH
+WINDOW = kr.WINDOW
 # Shared memory per block (the opt-in maximum) of the GPU each target stands for: A100, L4, H100.
 SHARED_BYTES = {80: 163 * 1024, 89: 99 * 1024, 90: 227 * 1024}
 
@@ -86,13 +88,16 @@ def _tile(row):
 
 
 def _kept(family: str, limit: int) -> set:
-    """What the flash pruning hooks keep on a device of this family and shared memory, at D = 64, 128, 256
-    in half precision, as ``_tile`` keys (both causalities)."""
+    """What the flash and sliding-window pruning hooks keep on a device of this family and shared memory, at
+    D = 64, 128, 256 in half precision, as ``_tile`` keys (both causalities)."""
     import torch
 
+    from attnlib._backend import WINDOW_MAX_HEAD_DIM
     from attnlib.kernels.common import launch
     from attnlib.kernels.flash import backward as bwd
     from attnlib.kernels.flash import forward as fwd
+    from attnlib.kernels.window import backward as window_bwd
+    from attnlib.kernels.window import forward as window_fwd
 
     kept = set()
     saved = launch.shared_memory_limit, launch.target_family
@@ -105,7 +110,11 @@ def _kept(family: str, limit: int) -> set:
                     ("_flash_fwd_kernel", False, fwd._FWD_CONFIGS, fwd._prune_fwd),
                     ("_flash_bwd_dkdv_kernel", False, bwd._DKDV_CONFIGS, bwd._prune_dkdv),
                     ("_flash_bwd_dkdv_kernel", True, bwd._FUSED_CONFIGS, bwd._prune_fused),
-                    ("_flash_bwd_dq_kernel", False, bwd._DQ_CONFIGS, bwd._prune_dq)]:
+                    ("_flash_bwd_dq_kernel", False, bwd._DQ_CONFIGS, bwd._prune_dq),
+                    *([("_window_fwd_kernel", False, window_fwd._FWD_CONFIGS, window_fwd._prune_fwd),
+                       ("_window_bwd_dkdv_kernel", False, window_bwd._DKDV_CONFIGS, window_bwd._prune_dkdv),
+                       ("_window_bwd_dq_kernel", False, window_bwd._DQ_CONFIGS, window_bwd._prune_dq)]
+                      if d <= WINDOW_MAX_HEAD_DIM else [])]:
                 kept |= {(kernel, fused, causal, *launch.config_key(c)) for c in prune(configs, args)
                          for causal in (False, True)}
     finally:
@@ -117,8 +126,9 @@ def test_flash_autotune_candidates_fit_and_spill_no_registers_on_every_target():
     """Every configuration the flash autotuners may pick -- what their pruning hooks keep for the device --
     at D = 64, 128 and 256, both backward forms (two-kernel and fused), compiles without spills and within
     the shared memory of the target: sm_80 (A100), sm_89 (L4) and sm_90 (H100), on sm_90 both through
-    tensor descriptors (TMA) and through pointers (their fallback); so do the block-sparse kernels at the
-    tiles their wrappers choose for the device (mask blocks of 128). To stay quick, a candidate kept at
+    tensor descriptors (TMA) and through pointers (their fallback); so does every candidate the
+    sliding-window kernels keep (flash's, by their own hooks); so do the block-sparse kernels at the tiles
+    their wrappers choose for the device (mask blocks of 128). To stay quick, a candidate kept at
     several widths is compiled at the widest only (``--widest-only``: no configuration needed fewer
     registers at a narrower head), and each run takes one causality and dtype: bf16 and fp16 give the
     same registers, causal and non-causal within a few registers and the same spills, in the full
@@ -137,13 +147,15 @@ def test_flash_autotune_candidates_fit_and_spill_no_registers_on_every_target():
         causal = dt == "bf16"
         assert mine and all(("CAUSAL" in r["flags"]) == causal for r in mine)
         # Descriptors on sm_90 (the backward's up to D = 128), never elsewhere nor in the block-sparse kernels.
-        assert all(r["tma"] == (sm == 90 and not x and r["kernel"] in FLASH and
-                                (r["kernel"] == "_flash_fwd_kernel" or r["D"] <= 128)) for r in mine), sm
+        assert all(r["tma"] == (sm == 90 and not x and r["kernel"] in FLASH + WINDOW and
+                                (r["kernel"] in ("_flash_fwd_kernel", "_window_fwd_kernel") or r["D"] <= 128))
+                   for r in mine), sm
         assert {r["mma"] for r in mine} == ({"wgmma", "mma.sync"} if sm == 90 else {"mma.sync"}), sm
         family = "sm90" if sm == 90 else "sm80" if sm == 80 else "sm89"
         limit = SHARED_MEMORY[(sm // 10, sm % 10)]
         assert limit == SHARED_BYTES[sm]
-        assert {_tile(r) for r in mine if r["kernel"] in FLASH} == {t for t in _kept(family, limit) if t[2] == causal}
+        assert {_tile(r) for r in mine if r["kernel"] in FLASH + WINDOW} == \
+            {t for t in _kept(family, limit) if t[2] == causal}
         bad = [(r["kernel"], r["flags"], r["D"], r["spill_store_bytes"], r["shared_bytes"]) for r in mine
                if r["spill_store_bytes"] or r["spill_load_bytes"] or r["shared_bytes"] > limit]
         assert not bad, (sm, bad)

@@ -1,4 +1,4 @@
-"""The softmax and block-sparse kernels compile for an NVIDIA GPU (sm_90), checked on the CPU.
+"""The softmax, block-sparse and sliding-window kernels compile for an NVIDIA GPU (sm_90), checked on the CPU.
 
 The interpreter runs kernels as numpy code and accepts things the GPU compiler refuses (a plain global
 float read inside a kernel, for one); this compiles each kernel, through Triton's real pipeline and its

@@ -1,5 +1,6 @@
 """Chapter 2's exercises: the needle planted where a probe map does not look, block-sparse attention
-from its mask, the indexer's blind spot, and the error of random key sampling in closed form."""
+from its mask, the indexer's blind spot, the error of random key sampling in closed form, and
+sliding-window attention from its band."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ import torch
 
 from attnlib.attention import softmax_attention_reference
 from attnlib.sparse import block_sparse_attention_reference
+from attnlib.window import sliding_window_attention_reference
 
-from ._checker import Case, Exercise, Freedom, Wrong, agree, matches
+from ._checker import TOLERANCE, Case, Exercise, Freedom, Wrong, agree, compare, matches
 
 f64 = torch.float64
 
@@ -910,4 +912,295 @@ SAMPLING = Exercise(
 )
 
 
-EXERCISES = (NEEDLE, SPARSE, BLIND_PAIR, SAMPLING)
+# --- 5. sliding-window attention --------------------------------------------------------------------
+
+def sliding_window(q, k, v, window, causal):
+    """Softmax attention over a band of keys: ``q, k [B, H, T, D]``,
+    ``v [B, H, T, Dv]``, scale ``1 / sqrt(D)``, ``window >= 1``. With
+    ``causal`` query ``i`` sees the keys ``i - window < j <= i``; without,
+    ``|i - j| < window``. Return ``(o [B, H, T, Dv], lse [B, H, T])``. A key
+    off the band contributes nothing, even inf. Compute in float32 or wider."""
+    acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+    T = q.shape[-2]
+    i = torch.arange(T)[:, None]
+    j = torch.arange(T)[None, :]
+    # the band: window keys up to i itself, or |i - j| < window both sides
+    if causal:
+        keep = (j > i - window) & (j <= i)
+    else:
+        keep = (i - j).abs() < window
+    s = (q.to(acc) @ k.to(acc).transpose(-1, -2)) / math.sqrt(q.shape[-1])
+    # a selection: an inf or NaN score off the band is dropped too
+    s = s.masked_fill(~keep, float("-inf"))
+    # finite: the band always holds key i
+    lse = torch.logsumexp(s, dim=-1)
+    p = torch.exp(s - lse.unsqueeze(-1))
+    # Select rather than multiply by 0: 0 * inf is NaN, and a value off the
+    # band may hold anything.
+    pv = torch.where(keep[..., None],
+                     p[..., None] * v.to(acc)[..., None, :, :], 0.0)
+    return pv.sum(dim=-2), lse
+
+
+def _window_band(T, window, causal, kind="band"):
+    """The band as the wrong answers below read it: the right one, one key wider each side
+    (``"wide"``: ``|i - j| <= window``), symmetric whatever ``causal`` says, or always causal."""
+    i, j = torch.arange(T)[:, None], torch.arange(T)[None, :]
+    if kind == "wide":
+        near = (i - j).abs() <= window
+    else:
+        near = (i - j).abs() < window
+    if (causal and kind != "symmetric") or kind == "causal":
+        near = near & (j <= i)
+    return near
+
+
+def _window_variant(q, k, v, window, causal, *, band="band", acc="auto", mask=float("-inf"), shift="lse",
+                    select=True, full_row=False):
+    """The definition with one thing changed: the band (:func:`_window_band`), the dtype computed in
+    (None: the inputs'), the value that hides a key off the band, what is subtracted before exp (each
+    row's lse, the whole tensor's max, or nothing), whether the values are selected or multiplied by
+    the weights, and whether each row is normalised over its full (causal) row and then masked."""
+    if acc == "auto":
+        acc = f64 if q.dtype == f64 else torch.float32
+    acc = acc or q.dtype
+    T = q.shape[-2]
+    keep = _window_band(T, window, causal, band)
+    s = (q.to(acc) @ k.to(acc).transpose(-1, -2)) / math.sqrt(q.shape[-1])
+    vv = v.to(acc)
+    if full_row:                                       # softmax over the (causal) row, then the band
+        if causal:
+            s = s.masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(), float("-inf"))
+        return (torch.softmax(s, -1) * keep) @ vv, torch.logsumexp(s, -1)
+    s = s.masked_fill(~keep, mask)
+    if shift == "tensor":
+        m = s[torch.isfinite(s)].max()
+        p = torch.exp(s - m).masked_fill(~keep, 0.0)
+        lse = m + torch.log(p.sum(-1))
+        p = p / p.sum(-1, keepdim=True)
+    elif shift == "none":
+        p = torch.exp(s)
+        lse = torch.log(p.sum(-1))
+        p = p / p.sum(-1, keepdim=True)
+    else:
+        lse = torch.logsumexp(s, dim=-1)
+        p = torch.exp(s - lse.unsqueeze(-1))
+    if not select:
+        return p @ vv, lse
+    return torch.where(keep[..., None], p[..., None] * vv[..., None, :, :], 0.0).sum(-2), lse
+
+
+def _window_wide(q, k, v, window, causal):
+    return _window_variant(q, k, v, window, causal, band="wide")
+
+
+def _window_symmetric(q, k, v, window, causal):
+    return _window_variant(q, k, v, window, causal, band="symmetric")
+
+
+def _window_always_causal(q, k, v, window, causal):
+    return _window_variant(q, k, v, window, causal, band="causal")
+
+
+def _window_minus_1e4(q, k, v, window, causal):
+    return _window_variant(q, k, v, window, causal, mask=-1e4, select=False)
+
+
+def _window_times_zero(q, k, v, window, causal):
+    return _window_variant(q, k, v, window, causal, select=False)
+
+
+def _window_tensor_max(q, k, v, window, causal):
+    return _window_variant(q, k, v, window, causal, shift="tensor")
+
+
+def _window_unshifted(q, k, v, window, causal):
+    return _window_variant(q, k, v, window, causal, shift="none")
+
+
+def _window_in_half(q, k, v, window, causal):
+    return _window_variant(q, k, v, window, causal, acc=None)
+
+
+def _window_softmax_then_mask(q, k, v, window, causal):
+    return _window_variant(q, k, v, window, causal, full_row=True)
+
+
+def _fails_like(wrong, tol: float = 1e-4):
+    """A diagnosis: the reader's output is what ``wrong`` gives on this case's inputs, and that fails
+    the case at its own tolerance (where the mistake changes nothing, rounding is not it: unlike
+    :func:`matches`, which compares the wrong answer with the right one at ``tol``)."""
+    def diagnosis(got, expected, case) -> bool:
+        want = wrong(*case.args)
+        return compare(want, case) is not None and agree(got, want, tol)
+    return diagnosis
+
+
+def _window_scores(c) -> torch.Tensor:
+    """The scores on the band of a case, in float64; -inf elsewhere."""
+    q, k, _, window, causal = c.args
+    keep = _window_band(q.shape[-2], window, causal)
+    s = (q.to(f64) @ k.to(f64).transpose(-1, -2)) / math.sqrt(q.shape[-1])
+    return s.masked_fill(~keep, float("-inf"))
+
+
+def _rows_judge(expected, rows: slice, tol: float):
+    """A judge of the rows ``rows`` only: those whose band holds no inf (the others are not checked)."""
+    o, lse = expected
+    sub = Case("", (), (o[..., rows, :], lse[..., rows]), tol=tol)
+    first, last = range(o.shape[-2])[rows][0], range(o.shape[-2])[rows][-1]
+
+    def judge(got):
+        if not (isinstance(got, (tuple, list)) and len(got) == 2):
+            return "return a tuple (o, lse)"
+        go, gl = got
+        if not (isinstance(go, torch.Tensor) and isinstance(gl, torch.Tensor)):
+            return "o and lse must be tensors"
+        for n, (g, e) in enumerate(((go, o), (gl, lse))):
+            if tuple(g.shape) != tuple(e.shape):
+                return f"output {n}: expected shape {tuple(e.shape)}, got {tuple(g.shape)}"
+        problem = compare((go[..., rows, :], gl[..., rows]), sub)
+        return None if problem is None else f"on rows {first}..{last} (no inf on their band): {problem}"
+
+    return judge
+
+
+def _window_cases(gen):
+    def randn(*shape, dtype=f64):
+        return torch.randn(*shape, generator=gen, dtype=f64).to(dtype)
+
+    def expected(q, k, v, window, causal):
+        # in float64 from the same inputs: the answer, not the reference's own float16 rounding
+        return sliding_window_attention_reference(q.to(f64), k.to(f64), v.to(f64), window=window,
+                                                  scale=q.shape[-1] ** -0.5, causal=causal)
+
+    def c(label, q, k, v, window, causal, hint=""):
+        return Case(label, (q, k, v, window, causal), expected(q, k, v, window, causal), hint=hint)
+
+    f16, f32 = torch.float16, torch.float32
+    # scores near 400 within about 10 of each other: q and k along one axis, plus noise
+    axis = torch.zeros(8, dtype=f64)
+    axis[0] = (400 * 8 ** 0.5) ** 0.5
+    mq, mk = (axis + 0.15 * randn(1, 2, 16, 8)).half(), (axis + 0.15 * randn(1, 2, 16, 8)).half()
+    # every score near -1e4 (q_0 = -141.5, k_0 = 141.5, D = 4: -10011 plus the noise's products)
+    lq, lk = 2 * randn(1, 2, 16, 4), 2 * randn(1, 2, 16, 4)
+    lq[..., 0], lk[..., 0] = -141.5, 141.5
+    # unit vectors of norm 200 in D = 16: scores q . k / 4 anywhere in [-1e4, 1e4], row maxima far apart
+    big = randn(1, 2, 24, 16)
+    big = (big / big.norm(dim=-1, keepdim=True) * 100.0 * 16 ** 0.25).to(f16)
+    # inf in keys and values 0..3; causal with a window of 6, rows 0..8 see them and rows 9.. do not
+    ki, vi = randn(1, 2, 24, 8, dtype=f32), randn(1, 2, 24, 4, dtype=f32)
+    ki[..., :4, :] = float("inf")
+    vi[..., :4, :] = float("inf")
+    qi = randn(1, 2, 24, 8, dtype=f32)
+    poison = Case("inf in keys and values 0..3, off the band of rows 9..23 (window 6, causal)",
+                  (qi, ki, vi, 6, True), judge=_rows_judge(expected(qi, ki, vi, 6, True), slice(9, None),
+                                                           TOLERANCE[f32]),
+                  hint="a key off row i's band must contribute nothing, even inf: 0 * inf is NaN, so "
+                       "select (torch.where) instead of multiplying by a zero weight")
+    return [
+        c("causal, window 5, T = 16 (not a multiple of 5), H = 2", randn(1, 2, 16, 8, dtype=f32),
+          randn(1, 2, 16, 8, dtype=f32), randn(1, 2, 16, 8, dtype=f32), 5, True),
+        c("not causal, window 3, T = 13, B = 2, D = 5, Dv = 3", randn(2, 1, 13, 5), randn(2, 1, 13, 5),
+          randn(2, 1, 13, 3), 3, False,
+          hint="not causal, query i sees the keys |i - j| < window: up to 2 window - 1 of them, later "
+               "ones too"),
+        c("window 1, causal: each query sees only itself (o = v)", randn(1, 1, 9, 4, dtype=f32),
+          randn(1, 1, 9, 4, dtype=f32), randn(1, 1, 9, 6, dtype=f32), 1, True,
+          hint="window 1: row i's band is key i alone (i - 1 < j <= i), so o_i = v_i and lse_i = s_ii"),
+        c("window 12 >= T = 7, causal: causal softmax attention", randn(1, 2, 7, 3), randn(1, 2, 7, 3),
+          randn(1, 2, 7, 3), 12, True),
+        c("window 6 = T, not causal: softmax attention", randn(1, 1, 6, 4), randn(1, 1, 6, 4),
+          randn(1, 1, 6, 2), 6, False),
+        c("T = 1, window 4, B = 2, H = 3", randn(2, 3, 1, 3, dtype=f32), randn(2, 3, 1, 3, dtype=f32),
+          randn(2, 3, 1, 5, dtype=f32), 4, False),
+        c("float16 scores near 400, within about 10 of each other", mq, mk, randn(1, 2, 16, 3, dtype=f16),
+          6, True,
+          hint="float16 scores near 400: exp(400) overflows unless each row's max (or lse) is subtracted, "
+               "and a float16 score is rounded to 0.25 (up to 13% of its weight): compute in float32"),
+        c("float16, every score near -1e4, not causal, window 4", lq.half(), lk.half(),
+          randn(1, 2, 16, 3, dtype=f16), 4, False,
+          hint="the scores on the band sit near -1e4, where a finite mask constant such as -1e4 gives the "
+               "keys off the band as much weight as those on it: hide them with -inf"),
+        c("logits of 1e4 in float16, window 4, causal", big, big.flip(-2).contiguous(),
+          randn(1, 2, 24, 4, dtype=f16), 4, True,
+          hint="logits of +/-1e4: exp overflows, and one max for the whole tensor underflows the rows far "
+               "below it; compute in float32 and subtract each row's lse (or max)"),
+        poison,
+    ]
+
+
+def _window_row_max_spread(c) -> float:
+    m = _window_scores(c).amax(-1)
+    m = m[torch.isfinite(m)]
+    return float(m.max() - m.min()) if m.numel() else 0.0
+
+
+def _window_near(c, level, width) -> bool:
+    """Some head whose every score on the band lies within ``width`` of ``level``."""
+    s = _window_scores(c)
+    near = ((s - level).abs() < width) | torch.isinf(s)
+    return bool(near.flatten(-2).all(-1).any()) and bool(torch.isfinite(s).any())
+
+
+WINDOW = Exercise(
+    name="sliding-window attention",
+    chapter="2",
+    title="Sliding-window attention",
+    statement=(
+        "Row $i$ of sliding-window attention is the exact softmax over the keys $W_i$ of its band: "
+        "$o_i=\\sum_{j\\in W_i}e^{s_{ij}-\\ell_i}v_j$, $\\ell_i=\\log\\sum_{j\\in W_i}e^{s_{ij}}$, "
+        "$s_{ij}=q_i\\cdot k_j/\\sqrt D$. With `causal`, $W_i$ holds the $w=$ `window` keys "
+        "$i-w<j\\le i$, key $i$ included; without, the keys $|i-j|<w$, up to $2w-1$ of them. The band is "
+        "never empty (it holds key $i$), and $w\\ge T$ is softmax attention, causal or not. A position off "
+        "the band contributes exactly nothing, even when its key or value holds inf (rows whose band "
+        "holds an inf are not checked). In chapter 1's terms the plan is the softmax restricted to the "
+        "band's support: the cost is infinite off it. Return $o$ and $\\ell$ for $w=1$, $w\\ge T$, "
+        "lengths that are not a multiple of $w$, $T=1$, and float16 scores of a few hundred, near "
+        "$-10^4$ and of $\\pm10^4$ (computed in float32, the float16 answers are checked to "
+        "$5\\cdot10^{-3}$)."),
+    solution=sliding_window,
+    imports="import math\n\nimport torch",
+    cases=_window_cases,
+    wrong=(Wrong(_window_wide, "too wide"), Wrong(_window_symmetric, "no key after it"),
+           Wrong(_window_always_causal, "later keys too"), Wrong(_window_minus_1e4, "with -inf"),
+           Wrong(_window_times_zero, "select"), Wrong(_window_tensor_max, "one max for the whole tensor"),
+           Wrong(_window_unshifted, "is subtracted"), Wrong(_window_in_half, "compute in float32"),
+           Wrong(_window_softmax_then_mask, "over the band only")),
+    diagnose=(
+        (_fails_like(_window_wide), "your band is one key too wide: causal, query i sees i - window < j <= i "
+                                    "(window keys, itself included); not causal, |i - j| < window"),
+        (_fails_like(_window_symmetric), "with causal=True query i sees no key after it: i - window < j <= i, "
+                                         "not |i - j| < window"),
+        (_fails_like(_window_always_causal), "with causal=False query i sees |i - j| < window, later keys too"),
+        (_fails_like(_window_softmax_then_mask), "your rows were normalised over the full row and then masked: "
+                                                 "normalise over the band only"),
+        (_fails_like(_window_minus_1e4), "a finite mask constant (-1e4) is no mask where the scores are as low: "
+                                         "hide the keys off the band with -inf"),
+        (_fails_like(_window_tensor_max, 1e-3), "one max for the whole tensor underflows the rows far below it: "
+                                                "subtract each row's own max (or lse)")),
+    freedoms=(
+        Freedom("window 1", lambda c: c.args[3] == 1),
+        Freedom("1 < window < T", lambda c: 1 < c.args[3] < c.args[0].shape[-2]),
+        Freedom("window >= T", lambda c: c.args[3] >= c.args[0].shape[-2]),
+        Freedom("causal=True", lambda c: bool(c.args[4])),
+        Freedom("causal=False", lambda c: not c.args[4]),
+        Freedom("T = 1", lambda c: c.args[0].shape[-2] == 1),
+        Freedom("T not a multiple of window", lambda c: 1 < c.args[3] < c.args[0].shape[-2]
+                and c.args[0].shape[-2] % c.args[3] != 0),
+        Freedom("D != Dv", lambda c: c.args[0].shape[-1] != c.args[2].shape[-1]),
+        Freedom("float16", lambda c: c.args[0].dtype == torch.float16),
+        Freedom("float32", lambda c: c.args[0].dtype == torch.float32),
+        Freedom("float64", lambda c: c.args[0].dtype == f64),
+        Freedom("B > 1", lambda c: c.args[0].shape[0] > 1),
+        Freedom("H > 1", lambda c: c.args[0].shape[1] > 1),
+        Freedom("inf in keys and values off the band", lambda c: bool(torch.isinf(c.args[1]).any())
+                and bool(torch.isinf(c.args[2]).any())),
+        Freedom("scores near -1e4, a finite mask constant", lambda c: _window_near(c, -1e4, 50.0)),
+        Freedom("float16 scores of 1e4 in rows thousands apart (a per-row max needed)",
+                lambda c: c.args[0].dtype == torch.float16 and _window_row_max_spread(c) > 1000),
+    ),
+)
+
+
+EXERCISES = (NEEDLE, SPARSE, BLIND_PAIR, SAMPLING, WINDOW)

@@ -236,12 +236,14 @@ def _inputs(shape, layout: str, gated: bool, delta: bool):
 
 # Variants of the ops that launch other specialisations, captured only for the spill tables.
 VARIANTS = ("softmax_noncausal", "softmax_fused", "softmax_fused_noncausal", "linear_noncausal",
-            "gated_delta_dq_only")
+            "gated_delta_dq_only", "window", "window_noncausal")
+SPILL_WINDOW = 512          # the sliding-window variants' band (a runtime integer: registers do not depend on it)
 
 
 def run_attnlib(op: str, shape) -> torch.Tensor:
     """The public function, ``backend="auto"``, at its defaults (chunk 64, scale 1/sqrt(D)); or one of its
-    :data:`VARIANTS`: non-causal, the fused softmax backward, a gradient for ``q`` alone."""
+    :data:`VARIANTS`: non-causal, the fused softmax backward, a gradient for ``q`` alone, sliding-window
+    attention (whose kernels have SPILLS tables of their own)."""
     import attnlib
 
     base = op.split("_noncausal")[0].split("_fused")[0].split("_dq_only")[0]
@@ -251,6 +253,9 @@ def run_attnlib(op: str, shape) -> torch.Tensor:
         k, v, beta, g = (None if x is None else x.detach() for x in (k, v, beta, g))
     if base == "softmax":
         return attnlib.softmax_attention(q, k, v, causal=causal, deterministic="fused" not in op)
+    if base == "window":
+        from attnlib.window import sliding_window_attention
+        return sliding_window_attention(q, k, v, window=SPILL_WINDOW, causal=causal)
     if base == "linear":
         return attnlib.linear_attention(q, k, v, causal=causal)   # identity feature map, not normalised
     return attnlib.delta_rule(q, k, v, beta, g=g)

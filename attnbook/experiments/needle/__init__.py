@@ -17,7 +17,7 @@ Everything here is a small, readable model of a published family, sized by ``T``
 ==================  =======================================================  ======================
 name                what it inspects                                          adversary
 ==================  =======================================================  ======================
-sliding_window      ``|i - j| <= w``                                          a pair outside the band
+sliding_window      ``|i - j| < w`` (``attnlib.sliding_window_attention``)     a pair outside the band
 strided             local band + every ``l``-th key (Sparse Transformer)      a pair outside both
 random_keys         ``s`` keys per query, drawn with fixed coins              an unsampled pair
 indexer_topk        top-k key blocks by a rank-r indexer (DSA's idea)         needle in the null space
@@ -70,6 +70,7 @@ from .figures import (
     probe_map_at,
     probe_maps,
     rows_vs_M,
+    window_maps,
 )
 from .fine_print import bounded_case, output_error
 
@@ -83,4 +84,5 @@ del _cls
 __all__ = ["ALGORITHMS", "Algorithm", "Case", "IndexerTopK", "LSHBuckets", "Linformer", "NeedleMap", "NormScreen",
            "Performer", "PlantedRow", "ProbeMap", "RandomKeys", "SlidingWindow", "Strided", "algorithm_rows", "attack",
            "bounded_case", "exact_rows", "make", "needle_map", "needle_maps", "needle_mass", "output_error", "plant",
-           "planted_row", "probe_map", "probe_map_at", "probe_maps", "row_error", "rows_vs_M", "uniform_miss_error"]
+           "planted_row", "probe_map", "probe_map_at", "probe_maps", "row_error", "rows_vs_M", "uniform_miss_error",
+           "window_maps"]

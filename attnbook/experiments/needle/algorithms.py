@@ -10,6 +10,7 @@ import torch
 from attnlib import _validate
 from attnlib.linear import FavorPlus
 from attnlib.sparse import block_sparse_attention, expand_block_mask, n_blocks
+from attnlib.window import band
 
 from .argument import _ACC, Case, plant
 
@@ -119,16 +120,18 @@ class Algorithm:
 
 
 class SlidingWindow(Algorithm):
-    """Query ``i`` sees keys ``|i - j| <= window`` (default ``ceil(sqrt(T))``): ``T (2w + 1)`` scores."""
+    """Query ``i`` sees the keys of :func:`attnlib.window.band` (not causal): ``|i - j| < window``, by
+    default ``window = ceil(sqrt(T)) + 1``, about ``T (2 window - 1)`` scores -- the probe map of
+    :func:`attnlib.sliding_window_attention`."""
     name, kind = "sliding_window", "pattern"
-    summary = "a band |i - j| <= w around the diagonal"
+    summary = "a band |i - j| < w around the diagonal"
 
     def __init__(self, *, T, d, seed=0, window: int | None = None):
         super().__init__(T=T, d=d, seed=seed)
-        self.window = _validate.check_int("window", _sqrt_T(T) if window is None else window, lo=0)
+        self.window = _validate.check_int("window", _sqrt_T(T) + 1 if window is None else window, lo=1)
 
     def _mask(self, q2, k2):
-        return _offsets(self.T).abs() <= self.window
+        return band(self.T, self.T, self.window, causal=False)
 
 
 class Strided(Algorithm):

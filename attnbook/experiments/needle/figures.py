@@ -6,6 +6,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
+import torch
+
+from attnlib import _validate
+from attnlib.window import sliding_window_attention
 
 from .algorithms import (
     Algorithm,
@@ -18,6 +22,7 @@ from .argument import (
     attack,
     exact_rows,
     needle_mass,
+    plant,
 )
 
 # ---------------------------------------------------------------------------------------------
@@ -147,3 +152,24 @@ def needle_maps(algos, M: float = 80.0) -> list[NeedleMap]:
     if any(a.T != T for a in algos):
         raise ValueError(f"the algorithms must share one T; got {[a.T for a in algos]}")
     return [needle_map(algo, M) for algo in algos]
+
+
+def window_maps(*, T: int, d: int, i: int, j: int, windows, M: float = 80.0) -> list[NeedleMap]:
+    """Sliding-window attention (:func:`attnlib.sliding_window_attention`, not causal: ``|i - j| < window``)
+    on one planted needle ``(i, j)`` of score ``M``, beside the exact plan, one :class:`NeedleMap` per
+    window (named ``"window <w>"``): while ``window <= |i - j|`` the needle lies off the band and gets no
+    mass; once inside, the windowed row agrees with the exact one."""
+    M = _check_M(M)
+    windows = [_validate.check_int("windows[...]", w, lo=1) for w in windows]
+    case = plant(T, d, i=i, j=j, M=M, dtype=torch.float64)
+    exact = exact_rows(case).numpy()
+    maps = []
+    for w in windows:
+        got = sliding_window_attention(case.q, case.k, case.v, window=w, scale=case.scale, causal=False,
+                                       backend="torch")[0, 0].numpy()
+        err = float(np.abs(exact[i] - got[i]).sum())
+        on_j = (float(exact[i, j]), float(got[i, j]))
+        rest = (float(exact[i].sum()) - on_j[0], float(got[i].sum()) - on_j[1])
+        maps.append(NeedleMap(f"window {w}", T, i, j, M, exact.astype(np.float32), got.astype(np.float32), err,
+                              on_j, rest))
+    return maps

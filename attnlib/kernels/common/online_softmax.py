@@ -266,7 +266,8 @@ def store_o_lse(O_base, lse_ptr, acc, l_i, m_i, has_keys, bad, offs_m, offs_dv, 
 
 @triton.jit
 def dkdv_tile(dk, dv, k, v, q, do, lse2, delta, offs_m, offs_n, qk_scale, T_Q, T_K,
-              MASK_T: tl.constexpr, MASK_CAUSAL: tl.constexpr, MASK_KEYS: tl.constexpr, PRECISION: tl.constexpr):
+              MASK_T: tl.constexpr, MASK_CAUSAL: tl.constexpr, MASK_KEYS: tl.constexpr, PRECISION: tl.constexpr,
+              window=0, MASK_BAND: tl.constexpr = False):
     """One step of the dK/dV program: key tile ``k [BLOCK_N, BLOCK_D]``, ``v [BLOCK_N, BLOCK_DV]``
     against query tile ``q [BLOCK_M, BLOCK_D]``, ``do [BLOCK_M, BLOCK_DV]`` with its base-2 LSE and delta
     ``[BLOCK_M]``. Accumulates into ``dk [BLOCK_N, BLOCK_D]``, ``dv [BLOCK_N, BLOCK_DV]`` (fp32; dk still
@@ -277,9 +278,13 @@ def dkdv_tile(dk, dv, k, v, q, do, lse2, delta, offs_m, offs_n, qk_scale, T_Q, T
     non-finite ``dP`` from a value the row does not see, would otherwise be NaN): ``MASK_T`` the rows past
     ``T_Q``, ``MASK_KEYS`` the keys past ``T_K`` (only the fused dQ term reads their ``dS``),
     ``MASK_CAUSAL`` the pairs with key after query -- and there ``dS q`` takes q's finite part, since a
-    query row that is not finite would reach, through a 0 weight, keys it does not see."""
+    query row that is not finite would reach, through a 0 weight, keys it does not see.
+
+    ``MASK_BAND`` (off unless given; the sliding-window kernels, ``attnlib/kernels/window``) also masks
+    the pairs off the band of width ``window``: key ``<= query - window``, and without ``MASK_CAUSAL``
+    key ``>= query + window``; q's finite part as with ``MASK_CAUSAL``. Off, its code is not compiled."""
     sT = tl.dot(k, tl.trans(q), input_precision=PRECISION) * qk_scale          # [BLOCK_N, BLOCK_M]
-    MASKED: tl.constexpr = MASK_T or MASK_KEYS or MASK_CAUSAL
+    MASKED: tl.constexpr = MASK_T or MASK_KEYS or MASK_CAUSAL or MASK_BAND
     if MASKED:
         valid = offs_n[:, None] >= 0
         if MASK_T:
@@ -288,6 +293,10 @@ def dkdv_tile(dk, dv, k, v, q, do, lse2, delta, offs_m, offs_n, qk_scale, T_Q, T
             valid = valid & (offs_n[:, None] < T_K)
         if MASK_CAUSAL:
             valid = valid & (offs_n[:, None] <= offs_m[None, :])
+        if MASK_BAND:
+            valid = valid & (offs_n[:, None] > offs_m[None, :] - window)
+            if not MASK_CAUSAL:
+                valid = valid & (offs_n[:, None] < offs_m[None, :] + window)
         # mask before the exp2 (a masked score may exceed the row's lse: exp2 -> inf) and after it (an
         # lse of -inf or NaN makes exp2(-inf - lse) NaN)
         sT = tl.where(valid, sT, float("-inf"))
@@ -299,7 +308,7 @@ def dkdv_tile(dk, dv, k, v, q, do, lse2, delta, offs_m, offs_n, qk_scale, T_Q, T
     dsT = pT * (dpT - delta[None, :])
     if MASKED:
         dsT = tl.where(valid, dsT, 0.0)
-    if MASK_CAUSAL:
+    if MASK_CAUSAL or MASK_BAND:
         # A row whose q is not finite has a NaN o, hence a NaN delta and dS on every pair it sees: q's
         # finite part loses nothing there.
         q, _ = finite_part(q, offs_m)
@@ -309,7 +318,8 @@ def dkdv_tile(dk, dv, k, v, q, do, lse2, delta, offs_m, offs_n, qk_scale, T_Q, T
 
 @triton.jit
 def dq_tile(dq, q, do, lse2, delta, k, v, offs_m, offs_n, qk_scale, T_K,
-            MASK_T: tl.constexpr, MASK_CAUSAL: tl.constexpr, PRECISION: tl.constexpr):
+            MASK_T: tl.constexpr, MASK_CAUSAL: tl.constexpr, PRECISION: tl.constexpr,
+            window=0, MASK_BAND: tl.constexpr = False):
     """One step of the dQ program: query tile against key tile ``k [BLOCK_N, BLOCK_D]``,
     ``v [BLOCK_N, BLOCK_DV]``; accumulates ``dq [BLOCK_M, BLOCK_D]`` (fp32, still lacking ``* scale``).
 
@@ -317,15 +327,23 @@ def dq_tile(dq, q, do, lse2, delta, k, v, offs_m, offs_n, qk_scale, T_K,
     selection. With ``MASK_CAUSAL`` a key that is not finite would reach, through a 0 weight, the rows
     before it: ``dS K`` takes k's finite part (:func:`dq_over_keys` finds what was set aside, for the
     kernel to make the rows at or after it NaN: :func:`poison_rows`) -- as in the definition, where
-    ``dS * inf`` is not finite even when ``dS`` is 0."""
+    ``dS * inf`` is not finite even when ``dS`` is 0.
+
+    ``MASK_BAND`` (off unless given): also the pairs off the band of width ``window``, as in
+    :func:`dkdv_tile`, with k's finite part (the sliding-window kernel finds the rows that see what
+    was set aside itself: on a band they are not "every row at or after it")."""
     s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale           # [BLOCK_M, BLOCK_N]
-    MASKED: tl.constexpr = MASK_T or MASK_CAUSAL
+    MASKED: tl.constexpr = MASK_T or MASK_CAUSAL or MASK_BAND
     if MASKED:
         valid = offs_n[None, :] >= 0
         if MASK_T:
             valid = valid & (offs_n[None, :] < T_K)
         if MASK_CAUSAL:
             valid = valid & (offs_n[None, :] <= offs_m[:, None])
+        if MASK_BAND:
+            valid = valid & (offs_n[None, :] > offs_m[:, None] - window)
+            if not MASK_CAUSAL:
+                valid = valid & (offs_n[None, :] < offs_m[:, None] + window)
         s = tl.where(valid, s, float("-inf"))
         p = tl.where(valid, tl.exp2(s - lse2[:, None]), 0.0)
     else:
@@ -334,7 +352,7 @@ def dq_tile(dq, q, do, lse2, delta, k, v, offs_m, offs_n, qk_scale, T_K,
     ds = p * (dp - delta[:, None])
     if MASKED:
         ds = tl.where(valid, ds, 0.0)
-    if MASK_CAUSAL:
+    if MASK_CAUSAL or MASK_BAND:
         k, _ = finite_part(k, offs_n)
     dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION)
     return dq
