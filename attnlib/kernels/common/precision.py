@@ -14,6 +14,15 @@
     and exceeds float16's 65504 (``tests/test_linear_kernels.py`` builds one that does), so for
     float16 inputs these operands are rounded to bfloat16, and stored in it, rather than overflow.
 
+Where float16 loses its precision: in ``WIDE``. The chunked linear-attention kernel in float16 is 5.8e-3
+from float64 (relative RMS, output and gradients, T = 1024, D = 64, chunk 64:
+``tests/test_linear_half_precision.py``), bfloat16's 8-bit significand rather than float16's 11. With tf32
+operands for float16's ``WIDE`` products instead -- float32's range, float16's significand, and every
+float16 number is a tf32 number -- the same run gives 2.9e-4 (measured through the interpreter with
+the operands rounded to tf32 as the tensor cores round them). That costs those products half the
+float16 tensor-core rate (tf32 on A100 and H100), float32 tiles in shared memory, and a float32 state in
+memory; it is not taken until a GPU has measured that cost.
+
 ``dot`` is the one place that casts the operands and calls ``tl.dot``. Under Triton's interpreter a
 bfloat16 ``tl.dot`` returns garbage (numpy has no bfloat16 product; measured with Triton 3.7.1), so
 there the operands are rounded to bfloat16 and multiplied in float32 -- the same products, since a
