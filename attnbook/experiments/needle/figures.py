@@ -132,16 +132,21 @@ def probe_map_at(*, d: int = 16, seed: int = 0) -> Callable[[str, int, float], P
     return at
 
 
-def needle_map(algo: Algorithm, M: float = 80.0) -> NeedleMap:
-    """Exact attention and the algorithm's rows on :func:`attack` ``(algo, M)``, whole ``[T, T]`` maps."""
-    M = _check_M(M)
-    case = attack(algo, M=M)
-    exact, got = exact_rows(case).numpy(), algorithm_rows(algo, case).numpy()
+def _needle_map(name: str, case: Case, exact: np.ndarray, got: np.ndarray) -> NeedleMap:
+    """The :class:`NeedleMap` of ``got`` against ``exact`` (``[T, T]`` float64) on ``case``: the L1 error on
+    the attacked row from the float64 rows, the maps and the row's masses in float32."""
     err = float(np.abs(exact[case.i] - got[case.i]).sum())
     exact, got = exact.astype(np.float32), got.astype(np.float32)
     on_j = (float(exact[case.i, case.j]), float(got[case.i, case.j]))
     rest = (float(exact[case.i].sum()) - on_j[0], float(got[case.i].sum()) - on_j[1])
-    return NeedleMap(algo.name, case.T, case.i, case.j, case.M, exact, got, err, on_j, rest)
+    return NeedleMap(name, case.T, case.i, case.j, case.M, exact, got, err, on_j, rest)
+
+
+def needle_map(algo: Algorithm, M: float = 80.0) -> NeedleMap:
+    """Exact attention and the algorithm's rows on :func:`attack` ``(algo, M)``, whole ``[T, T]`` maps."""
+    M = _check_M(M)
+    case = attack(algo, M=M)
+    return _needle_map(algo.name, case, exact_rows(case).numpy(), algorithm_rows(algo, case).numpy())
 
 
 def needle_maps(algos, M: float = 80.0) -> list[NeedleMap]:
@@ -163,13 +168,7 @@ def window_maps(*, T: int, d: int, i: int, j: int, windows, M: float = 80.0) -> 
     windows = [_validate.check_int("windows[...]", w, lo=1) for w in windows]
     case = plant(T, d, i=i, j=j, M=M, dtype=torch.float64)
     exact = exact_rows(case).numpy()
-    maps = []
-    for w in windows:
-        got = sliding_window_attention(case.q, case.k, case.v, window=w, scale=case.scale, causal=False,
-                                       backend="torch")[0, 0].numpy()
-        err = float(np.abs(exact[i] - got[i]).sum())
-        on_j = (float(exact[i, j]), float(got[i, j]))
-        rest = (float(exact[i].sum()) - on_j[0], float(got[i].sum()) - on_j[1])
-        maps.append(NeedleMap(f"window {w}", T, i, j, M, exact.astype(np.float32), got.astype(np.float32), err,
-                              on_j, rest))
-    return maps
+    return [_needle_map(f"window {w}", case, exact,
+                        sliding_window_attention(case.q, case.k, case.v, window=w, scale=case.scale, causal=False,
+                                                 backend="torch")[0, 0].numpy())
+            for w in windows]
