@@ -150,7 +150,7 @@ def _bwd_dv_local_kernel(Q, K, G, DO, DV_OUT, T, D, DV, scale,
 def _bwd_dqk_kernel(Q, K, V, Hs, DHs, DVNEW, G, DO, DQ, DK, DW, DG,
                     T, D, DV, NT, scale,
                     CHUNK: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
-                    DELTA: tl.constexpr, GATED: tl.constexpr, NEED_DK: tl.constexpr,
+                    DELTA_RULE: tl.constexpr, GATED: tl.constexpr, NEED_DK: tl.constexpr,
                     IO: tl.constexpr, WIDE: tl.constexpr):
     chunk_invariants(CHUNK, BLOCK_D, BLOCK_DV)
     c = tl.program_id(1)
@@ -178,7 +178,7 @@ def _bwd_dqk_kernel(Q, K, V, Hs, DHs, DVNEW, G, DO, DQ, DK, DW, DG,
         if NEED_DK:
             dh = tl.load(DHs + h_base + offs_k[:, None] * DV + offs_v[None, :], mask=hm, other=0.0)
             dk += dot(v, tl.trans(dh), WIDE)
-            if DELTA:
+            if DELTA_RULE:
                 dw -= dot(load_chunk(DVNEW, bh, T, t, offs_v, DV, kv), tl.trans(h), WIDE)
             if GATED:
                 hdh += tl.sum(h.to(tl.float32) * dh.to(tl.float32), axis=1)
@@ -218,7 +218,7 @@ def _bwd_dqk_kernel(Q, K, V, Hs, DHs, DVNEW, G, DO, DQ, DK, DW, DG,
         if any_bad:
             dk = tl.where(offs_c[:, None] <= q_bad[None, :], float("nan"), dk)
         store_chunk(DK, dk.to(DK.dtype.element_ty), bh, T, t, offs_k, D, kd)
-        if DELTA:
+        if DELTA_RULE:
             store_chunk(DW, dw.to(DW.dtype.element_ty), bh, T, t, offs_k, D, kd)
 
 
@@ -264,7 +264,7 @@ _fwd_o = autotuned(_fwd_o_kernel, OUTPUT_CONFIGS, ["D", "DV", "CHUNK", "FINAL", 
                    pruner(_smem, FWD_O_SPILLS, _width, "Q"), name="chunk_o._fwd_o")
 _dv_local = autotuned(_bwd_dv_local_kernel, OUTPUT_CONFIGS, ["D", "DV", "CHUNK", "GATED"],
                       pruner(_smem, DV_LOCAL_SPILLS, _width, "Q"), name="chunk_o._dv_local")
-_dqk = autotuned(_bwd_dqk_kernel, DQK_CONFIGS, ["D", "DV", "CHUNK", "DELTA", "GATED", "NEED_DK"],
+_dqk = autotuned(_bwd_dqk_kernel, DQK_CONFIGS, ["D", "DV", "CHUNK", "DELTA_RULE", "GATED", "NEED_DK"],
                  pruner(_smem, DQK_SPILLS, _width, "Q"), name="chunk_o._dqk")
 
 
@@ -327,7 +327,7 @@ def dqk_key_block(D: int, device: torch.device) -> int:
 
 
 def chunk_bwd_dqk(q, k, v, h, do, *, dh=None, dvnew=None, G=None, scale: float, chunk_size: int,
-                  delta: bool = False, block_v=None, block_k=None):
+                  delta_rule: bool = False, block_v=None, block_k=None):
     """``dQ`` (and, when ``dh`` is given, ``dK``, ``dW`` for the delta rule and the parts of ``dG`` with
     gates). ``v``: the chunk values (``v_new`` for the delta rule); ``h``/``dh``: ``[B, H, NT, D, Dv]``;
     ``dvnew``: ``[B, H, T, Dv]`` (delta rule). Returns ``(dq, dk, dw, dG_parts)`` -- the first three in
@@ -342,7 +342,7 @@ def chunk_bwd_dqk(q, k, v, h, do, *, dh=None, dvnew=None, G=None, scale: float, 
     BLOCK_D = block_k or forced("chunk_o._dqk").get("BLOCK_D") or dqk_key_block(D, q.device)
     dq = torch.empty(B, H, T, D, device=q.device, dtype=q.dtype)
     dk = torch.empty_like(dq) if need_dk else None
-    dw = torch.empty_like(dq) if need_dk and delta else None
+    dw = torch.empty_like(dq) if need_dk and delta_rule else None
     dG_parts = (torch.empty(triton.cdiv(D, BLOCK_D), B, H, T, device=q.device, dtype=torch.float32)
                 if need_dk and G is not None else None)
     if dq.numel() == 0:
@@ -350,6 +350,6 @@ def chunk_bwd_dqk(q, k, v, h, do, *, dh=None, dvnew=None, G=None, scale: float, 
     tiles = interpret_config(DQK_CONFIGS, BLOCK_DV=block_v or head_block(DV))
     grid = lambda meta: (triton.cdiv(D, BLOCK_D), NT, B * H)  # noqa: E731
     _dqk[grid](q, k, v, h, dh, dvnew, G, do, dq, dk, dw, dG_parts, T, D, DV, NT, float(scale),
-               CHUNK=chunk_size, BLOCK_D=BLOCK_D, DELTA=delta, GATED=G is not None, NEED_DK=need_dk,
+               CHUNK=chunk_size, BLOCK_D=BLOCK_D, DELTA_RULE=delta_rule, GATED=G is not None, NEED_DK=need_dk,
                IO=io_dtype(q.dtype), WIDE=wide_dtype(q.dtype), **tiles)
     return dq, dk, dw, dG_parts

@@ -67,7 +67,7 @@ def _store_state(Hs, h, bh, NT, c, offs_k, offs_v, D, DV, hmask):
 def _fwd_h_kernel(K, V, W, G, H0, Hs, VNEW, HT,
                   T, D, DV, NT, scale, BH_BUCKET,
                   CHUNK: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
-                  DELTA: tl.constexpr, GATED: tl.constexpr, USE_H0: tl.constexpr,
+                  DELTA_RULE: tl.constexpr, GATED: tl.constexpr, USE_H0: tl.constexpr,
                   STORE_H: tl.constexpr, STORE_HT: tl.constexpr, IO: tl.constexpr, WIDE: tl.constexpr):
     chunk_invariants(CHUNK, BLOCK_D, BLOCK_DV)
     bh = tl.program_id(1).to(tl.int64)
@@ -82,7 +82,7 @@ def _fwd_h_kernel(K, V, W, G, H0, Hs, VNEW, HT,
         kd = tmask[:, None] & (offs_k < D)[None, :]
         kv = tmask[:, None] & (offs_v < DV)[None, :]
         k = load_chunk(K, bh, T, t, offs_k, D, kd)
-        if DELTA:                                         # BLOCK_D covers D: v_new needs all of h
+        if DELTA_RULE:                                         # BLOCK_D covers D: v_new needs all of h
             w = load_chunk(W, bh, T, t, offs_k, D, kd)
             u = load_chunk(V, bh, T, t, offs_v, DV, kv).to(tl.float32)
             v = (u - dot(w, h, WIDE)).to(VNEW.dtype.element_ty)                  # v_new = U - W h
@@ -102,7 +102,7 @@ def _fwd_h_kernel(K, V, W, G, H0, Hs, VNEW, HT,
 def _bwd_dh_kernel(Q, K, W, G, DO, DVL, DHT, DHs, DVNEW, DH0,
                    T, D, DV, NT, scale, BH_BUCKET,
                    CHUNK: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
-                   DELTA: tl.constexpr, GATED: tl.constexpr, USE_DHT: tl.constexpr,
+                   DELTA_RULE: tl.constexpr, GATED: tl.constexpr, USE_DHT: tl.constexpr,
                    STORE_DH0: tl.constexpr, IO: tl.constexpr, WIDE: tl.constexpr):
     chunk_invariants(CHUNK, BLOCK_D, BLOCK_DV)
     bh = tl.program_id(1).to(tl.int64)
@@ -128,7 +128,7 @@ def _bwd_dh_kernel(Q, K, W, G, DO, DVL, DHT, DHs, DVNEW, DH0,
         dv = (load_chunk(DVL, bh, T, t, offs_v, DV, kv).to(tl.float32) + kdh).to(DVNEW.dtype.element_ty)
         store_chunk(DVNEW, dv, bh, T, t, offs_v, DV, kv)                           # dv_new = dv_local + (K.e) dh
         dh += dot(tl.trans(load_chunk(Q, bh, T, t, offs_k, D, kd)), do, IO)        # + scale (Q.gamma)^T dO
-        if DELTA:
+        if DELTA_RULE:
             dh -= dot(tl.trans(load_chunk(W, bh, T, t, offs_k, D, kd)), dv, IO)    # - W^T dv_new
     if STORE_DH0:
         tl.store(DH0 + s_offs, dh, mask=hmask)
@@ -179,7 +179,7 @@ def _width(args):
     return max(head_block(args["D"]), head_block(args["DV"]))
 
 
-_KEY = ["D", "DV", "CHUNK", "DELTA", "GATED", "BH_BUCKET"]
+_KEY = ["D", "DV", "CHUNK", "DELTA_RULE", "GATED", "BH_BUCKET"]
 _fwd_h_split = autotuned(_fwd_h_kernel, FWD_H_SPLIT_CONFIGS, _KEY,
                          pruner(_smem(1, 1), FWD_H_SPLIT_SPILLS, _width, "K"), name="chunk_state._fwd_h_split")
 _fwd_h_full = autotuned(_fwd_h_kernel, FULL_K_CONFIGS, _KEY, pruner(_smem(2, 2), FWD_H_FULL_SPILLS, _width, "K"),
@@ -214,16 +214,16 @@ def chunk_fwd_h(k, v, *, w=None, G=None, initial_state=None, chunk_size: int, sc
             S.copy_(initial_state) if initial_state is not None else S.zero_()
         return hs, vnew, S
     initial_state = initial_state.contiguous() if initial_state is not None else None
-    delta = w is not None
-    launch = _fwd_h_full if delta else _fwd_h_split
-    configs = FULL_K_CONFIGS if delta else FWD_H_SPLIT_CONFIGS
-    fixed = dict(BLOCK_D=head_block(D)) if delta else {}
+    delta_rule = w is not None
+    launch = _fwd_h_full if delta_rule else _fwd_h_split
+    configs = FULL_K_CONFIGS if delta_rule else FWD_H_SPLIT_CONFIGS
+    fixed = dict(BLOCK_D=head_block(D)) if delta_rule else {}
     tiles = interpret_config(configs, BLOCK_D=block_k or head_block(D), BLOCK_DV=block_v or head_block(DV))
-    if delta:
+    if delta_rule:
         tiles.pop("BLOCK_D", None)
     grid = lambda meta: (triton.cdiv(D, meta["BLOCK_D"]) * triton.cdiv(DV, meta["BLOCK_DV"]), B * H)  # noqa: E731
     launch[grid](k, v, w, G, initial_state, hs, vnew, S, T, D, DV, NT, float(scale), _bh_bucket(B * H),
-                 CHUNK=chunk_size, DELTA=delta, GATED=G is not None, USE_H0=initial_state is not None,
+                 CHUNK=chunk_size, DELTA_RULE=delta_rule, GATED=G is not None, USE_H0=initial_state is not None,
                  STORE_H=store_h, STORE_HT=output_final_state, IO=io_dtype(k.dtype), WIDE=wide_dtype(k.dtype),
                  **fixed, **tiles)
     return hs, vnew, S
@@ -253,7 +253,7 @@ def chunk_bwd_dh(q, k, do, dv_local, *, w=None, G=None, dS=None, chunk_size: int
     tiles = interpret_config(FULL_K_CONFIGS, BLOCK_DV=block_v or head_block(DV))
     grid = lambda meta: (triton.cdiv(DV, meta["BLOCK_DV"]), B * H)  # noqa: E731
     _bwd_dh[grid](q, k, w, G, do, dv_local, dS, dhs, dvnew, dS0, T, D, DV, NT, float(scale), _bh_bucket(B * H),
-                  CHUNK=chunk_size, BLOCK_D=head_block(D), DELTA=w is not None, GATED=G is not None,
+                  CHUNK=chunk_size, BLOCK_D=head_block(D), DELTA_RULE=w is not None, GATED=G is not None,
                   USE_DHT=dS is not None, STORE_DH0=need_state_grad, IO=io_dtype(q.dtype), WIDE=wide_dtype(q.dtype),
                   **tiles)
     return dhs, dvnew, dS0

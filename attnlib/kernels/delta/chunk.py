@@ -67,14 +67,14 @@ def delta_rule_chunk_backward(q, k, v, beta, g, initial_state, do, dS, *, scale:
     hs, vnew, _ = chunk_fwd_h(k, u, w=w, G=G, initial_state=initial_state, chunk_size=chunk_size, scale=1.0,
                               output_final_state=False, block_v=block_v)
     if only_dq:
-        dq, _, _, _ = chunk_bwd_dqk(q, k, vnew, hs, do, G=G, scale=scale, chunk_size=chunk_size, delta=True,
+        dq, _, _, _ = chunk_bwd_dqk(q, k, vnew, hs, do, G=G, scale=scale, chunk_size=chunk_size, delta_rule=True,
                                     **tiles)
         return dq, None, None, None, None, None
     dvl = chunk_bwd_dv_local(q, k, do, G=G, scale=scale, chunk_size=chunk_size, **tiles)
     dhs, dvnew, dS0 = chunk_bwd_dh(q, k, do, dvl, w=w, G=G, dS=dS, chunk_size=chunk_size, scale=scale,
                                    need_state_grad=need_state_grad, block_v=block_v)
     dq, dk, dw, dG_parts = chunk_bwd_dqk(q, k, vnew, hs, do, dh=dhs, dvnew=dvnew, G=G, scale=scale,
-                                         chunk_size=chunk_size, delta=True, **tiles)
+                                         chunk_size=chunk_size, delta_rule=True, **tiles)
     dv, dbeta, dg = wy_backward(k, v, beta, G, dw, dvnew, dk, dG_parts, g_dtype=g.dtype if g is not None else None,
                                 chunk_size=chunk_size, **tiles)
     return dq, dk, dv, dbeta, dg, dS0
