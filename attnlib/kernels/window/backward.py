@@ -145,16 +145,13 @@ def _window_bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ,
 # ``dkdv_tile`` with one more mask term (``MASK_BAND``); the dQ program holds flash's q, dO, dq, its edge
 # step likewise, and the pass that finds non-finite keys runs before the loop. The same tiles pass through
 # shared memory. SPILLS: flash's plus the window kernels' own, measured as the forward's
-# (``forward._WINDOW_FWD_SPILLS``): at D = 256 dQ's 64-row tiles with 3 stages (4-52 B), and the
-# one-stage dK/dV tiles 16 x 16 on sm_80 (8 B) and 16 x 32 on sm_90 (4-8 B, from D = 128); at D = 128 the
+# (``forward._WINDOW_FWD_SPILLS``; the kernels stop at D = 128, ``WINDOW_MAX_HEAD_DIM``, so no entry is
+# for wider heads): the one-stage dK/dV tile 16 x 32 on sm_90 (4-8 B, from D = 128); at D = 128 the
 # 8-warp, 2-stage 16 x 32 dK/dV tile on sm_80 (4 B) and sm_89 (8 B); in every combination of dtype,
 # causality and load path at D = 64 and 128, dQ's 64 x 16 on sm_80 (4 B at 64), 32 x 16 on sm_89 (4 B at
-# 128) and the one-stage 16 x 16 by descriptors on sm_90 (8 B at 64). (The kernels stop at D = 128:
-# ``WINDOW_MAX_HEAD_DIM``; the D = 256 entries are what was measured before that limit was set.)
-_WINDOW_DKDV_SPILLS = {"sm80": {(16, 16, 4, 1): 256, (16, 32, 8, 2): 128}, "sm89": {(16, 32, 8, 2): 128},
-                       "sm90": {(16, 32, 4, 1): 128}}
-_WINDOW_DQ_SPILLS = {"sm80": {(64, 32, 4, 3): 256, (64, 16, 4, 3): 64}, "sm89": {(32, 16, 4, 1): 128},
-                     "sm90": {(128, 32, 8, 3): 256, (64, 16, 4, 3): 256, (16, 16, 4, 1): 64}}
+# 128) and the one-stage 16 x 16 by descriptors on sm_90 (8 B at 64).
+_WINDOW_DKDV_SPILLS = {"sm80": {(16, 32, 8, 2): 128}, "sm89": {(16, 32, 8, 2): 128}, "sm90": {(16, 32, 4, 1): 128}}
+_WINDOW_DQ_SPILLS = {"sm80": {(64, 16, 4, 3): 64}, "sm89": {(32, 16, 4, 1): 128}, "sm90": {(16, 16, 4, 1): 64}}
 _DKDV_CONFIGS = same_shapes(flash_bwd._DKDV_CONFIGS, BWD_BLOCKS)
 _DQ_CONFIGS = same_shapes(flash_bwd._DQ_CONFIGS, BWD_BLOCKS)
 _DKDV_SPILLS = merged_spills(flash_bwd._DKDV_SPILLS, _WINDOW_DKDV_SPILLS)

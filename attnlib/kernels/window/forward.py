@@ -123,14 +123,14 @@ def same_shapes(flash_configs, blocks: dict) -> list:
 # window kernel's own spills, measured with ``scripts/kernel_resources.py --workloads "window,window
 # non-causal" --dims 64 128 256 --widest-only`` on sm_80 (bf16 causal), sm_89 (fp16 non-causal) and sm_90
 # (bf16 causal by descriptors, fp16 non-causal by pointers): on sm_90 at D = 256 every 64-key-row
-# candidate spilled (4-280 B) where flash's did not. Then at D = 64 and 128 in every combination of bf16
-# and fp16, causal and not, descriptors and pointers (``--dims 64 128 --dtypes bf16 fp16``, both runs):
-# 4-40 B at D = 64 for 64 x 64 and 128 x 64 tiles on sm_80/sm_89, 12 B for the 3-stage 128 x 128 on sm_90
-# by pointers at D = 128.
+# candidate spilled (4-280 B) where flash's did not, which is why the kernels stop at D = 128
+# (``WINDOW_MAX_HEAD_DIM``; the table keeps no entry for wider heads). Then at D = 64 and 128 in every
+# combination of bf16 and fp16, causal and not, descriptors and pointers (``--dims 64 128 --dtypes bf16
+# fp16``, both runs): 4-40 B at D = 64 for 64 x 64 and 128 x 64 tiles on sm_80/sm_89, 12 B for the 3-stage
+# 128 x 128 on sm_90 by pointers at D = 128.
 _WINDOW_FWD_SPILLS = {"sm80": {(64, 64, 4, 2): 64, (128, 64, 8, 3): 64},
                       "sm89": {(64, 64, 4, 3): 64, (64, 64, 4, 2): 64, (128, 64, 8, 3): 64, (128, 64, 4, 3): 64},
-                      "sm90": {(128, 64, 8, 2): 256, (64, 64, 4, 3): 256, (64, 64, 4, 2): 256, (64, 32, 4, 3): 256,
-                               (64, 32, 4, 1): 256, (128, 128, 8, 3): 128}}
+                      "sm90": {(128, 128, 8, 3): 128}}
 _FWD_CONFIGS = same_shapes(flash_fwd._FWD_CONFIGS, FWD_BLOCKS)
 _FWD_SPILLS = merged_spills(flash_fwd._FWD_SPILLS, _WINDOW_FWD_SPILLS)
 _prune_fwd = launch.pruner(flash_fwd.fwd_smem, _FWD_SPILLS, spill_width("O"), "LSE")
