@@ -25,7 +25,8 @@ def test_simhash_kernel_codes_equal_reference_codes(D, n_bits):
     assert torch.equal(simhash_codes(x, planes), lsh_codes(x, planes, "simhash"))
 
 
-@pytest.mark.parametrize("D,n_bits", [(3, 1), (12, 4), (20, 2), (3, 20)])        # 6^20 > 2^31
+# (70: three blocks of projection columns and a padded fourth; 6^20 > 2^31)
+@pytest.mark.parametrize("D,n_bits", [(3, 1), (12, 4), (20, 2), (70, 3), (3, 20)])
 def test_crosspolytope_kernel_codes_equal_reference_codes(D, n_bits):
     x = torch.randn(2, 1, 37, D, generator=torch.Generator().manual_seed(D))
     rot = lsh_projections("crosspolytope", 3, n_bits, D, 4)

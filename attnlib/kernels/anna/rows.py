@@ -35,18 +35,18 @@ def store_codes(CODE, code, b, h, table, offs_t, stride_cb, stride_ch, stride_cl
 
 
 
-def hash_launch(x: torch.Tensor, n_tables: int, gpu_block_t: int, max_dim: int = launch.MAX_HEAD_DIM):
-    """The host side shared by the two hashing wrappers: ``(code, BLOCK_T, BLOCK_D, grid)`` -- the int64
-    output ``[B, H, l, T]`` (empty when there is nothing to hash), the row tile (``gpu_block_t`` on a GPU,
-    16 under the interpreter: ``launch.choose``), the head-dim tile (``launch.head_block``) and the
-    ``(cdiv(T, BLOCK_T), l, B * H)`` grid. Refuses (``launch.require_launchable``) a tensor the kernels
-    cannot take or a head wider than ``max_dim``."""
+def hash_launch(x: torch.Tensor, n_tables: int, gpu_config: triton.Config, max_dim: int = launch.MAX_HEAD_DIM):
+    """The host side shared by the two hashing wrappers: ``(code, tiles, BLOCK_D, grid)`` -- the int64
+    output ``[B, H, l, T]`` (empty when there is nothing to hash), the launch keywords (``gpu_config`` 's
+    row tile ``BLOCK_T``, warps and stages on a GPU; a row tile of 16 under the interpreter:
+    ``launch.choose``), the head-dim tile (``launch.head_block``) and the ``(cdiv(T, BLOCK_T), l, B * H)``
+    grid. Refuses (``launch.require_launchable``) a tensor the kernels cannot take or a head wider than
+    ``max_dim``."""
     B, H, T, D = x.shape
     launch.require_launchable(x, D, limit=max_dim)
     code = torch.empty(B, H, n_tables, T, dtype=torch.int64, device=x.device)
-    block_t = launch.choose([triton.Config({"BLOCK_T": gpu_block_t})], {}, x.device,
-                            interpret=dict(BLOCK_T=launch.MIN_DOT))["BLOCK_T"]
-    return code, block_t, launch.head_block(D), (triton.cdiv(T, block_t), n_tables, B * H)
+    tiles = launch.choose([gpu_config], {}, x.device, interpret=dict(BLOCK_T=launch.MIN_DOT))
+    return code, tiles, launch.head_block(D), (triton.cdiv(T, tiles["BLOCK_T"]), n_tables, B * H)
 
 
 __all__ = ["hash_launch", "hash_rows", "store_codes"]
