@@ -8,6 +8,7 @@ names it. The names are the ones used everywhere (``softmax``, ``linear``, ``gat
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -28,6 +29,17 @@ class Mechanism:
     kernels: str
     benchmark: str
     decode_step: Callable | None = None
+
+    @property
+    def kernel_family(self):
+        """The ``FAMILY`` (:class:`attnlib.kernels.common.family.KernelFamily`) its kernel package declares:
+        what it launches, for the checks that compile it without a GPU. Imported on demand (Triton is
+        optional; the package is named here, in the record)."""
+        module = importlib.import_module(f"attnlib.kernels.{self.kernels}")
+        family = getattr(module, "FAMILY", None)
+        if family is None or family.package != self.kernels:
+            raise TypeError(f"attnlib.kernels.{self.kernels} must declare FAMILY, its KernelFamily; got {family!r}")
+        return family
 
     @property
     def module(self) -> str:
@@ -58,3 +70,10 @@ REGISTRY: dict[str, Mechanism] = {m.name: m for m in (
 
 # The operator modules that are no mechanism of their own: chapter 1's transport solvers and the error measures.
 SUPPORT_MODULES = ("eot", "metrics")
+
+
+def kernel_families() -> list:
+    """Every kernel package's ``FAMILY`` (:attr:`Mechanism.kernel_family`), each once, in the registry's order:
+    what ``scripts/kernel_resources.py``, ``benchmarks/_register_runs.py`` and the candidate checks compile
+    and run."""
+    return list({m.kernels: m.kernel_family for m in REGISTRY.values()}.values())

@@ -44,12 +44,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 import attnlib  # noqa: E402
 from attnlib.kernels.common import chunk_o, launch  # noqa: E402
-from attnlib.kernels.delta import wy  # noqa: E402, F401  (registers its launches)
-from attnlib.kernels.flash import backward as flash_bwd  # noqa: E402, F401
-from attnlib.kernels.flash import forward as flash_fwd  # noqa: E402, F401
 from attnlib.kernels.linear import segments  # noqa: E402
-from attnlib.kernels.window import backward as window_bwd  # noqa: E402, F401
-from attnlib.kernels.window import forward as window_fwd  # noqa: E402, F401
+from attnlib.mechanisms import kernel_families  # noqa: E402
 from attnlib.metrics import rel_rms  # noqa: E402
 from attnlib.window import sliding_window_attention  # noqa: E402
 from benchmarks import _artifacts as artifacts  # noqa: E402
@@ -72,6 +68,15 @@ OP = {"chunk_state._fwd_h_split": "linear", "chunk_state._fwd_h_full": "gated_de
       "window.forward._window_fwd": "window", "window.backward._dkdv": "window", "window.backward._dq": "window"}
 # The softmax-family ops: q, k, v in, (o, lse) out, float16 on a GPU.
 SOFTMAX_OPS = ("softmax", "softmax_fused", "window")
+# Every kernel package, imported through its mechanism's record: each registers its autotuned launches
+# (launch.TUNED) as it is imported. The kernels tiled in query x key blocks (the "blocks" families) get
+# inputs sized by their tiles; the others (tiles over the head) by the chunk.
+BLOCK_TILED = {k for f in kernel_families() if f.tiles == "blocks" for k in f.kernels}
+
+
+def block_tiled(name: str) -> bool:
+    """Whether the autotuned launch ``name`` runs a kernel tiled in query x key blocks."""
+    return launch.TUNED_KERNEL[name] in BLOCK_TILED
 
 
 def stamp() -> dict:
@@ -130,7 +135,7 @@ def _length(entry: dict) -> int:
     """Two full tiles and a ragged one: three chunks for the chunked kernels; for flash, of its widest
     tile (so every program of the candidate's grid, the diagonal and the tail, is exercised); the same for
     the sliding-window kernels (whose window, :func:`_run_op`, then leaves them every kind of tile)."""
-    if entry["launch"].startswith(("flash.", "window.")):
+    if block_tiled(entry["launch"]):
         return 2 * max(entry["tiles"]["BLOCK_M"], entry["tiles"]["BLOCK_N"]) + 7
     return 2 * CHUNK + 7
 

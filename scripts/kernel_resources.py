@@ -1,15 +1,14 @@
-"""Registers, spills and shared memory of the chunked, flash, block-sparse, sliding-window and top-k Triton
-kernels, compiled on the CPU for an A100 (sm_80), an L4 (sm_89) or an H100 (sm_90; the default), at D = 64,
-128, 256 in bf16 and fp16, every variant the wrappers launch (causal and not, the fused flash backward, the
-dq-only delta backward, block-sparse, sliding-window, top-k's indexer and attention): the matrix behind the
+"""Registers, spills and shared memory of every Triton kernel of ``attnlib`` (chunked, flash, block-sparse,
+sliding-window, top-k, ANNA, Grassmann), compiled on the CPU for an A100 (sm_80), an L4 (sm_89) or an H100
+(sm_90; the default), at D = 64, 128, 256 in bf16 and fp16, every variant the wrappers launch (causal and
+not, the fused flash backward, the dq-only delta backward, ...): the matrix behind the
 autotuners' ``SPILLS`` tables and the resource tests. A compile-time resource report, not a timing:
 nothing runs on a GPU. (``kernel_report.py`` is the report at the benchmark shapes, with bytes and fla
 beside.)
 
-How. The public wrappers (``linear_chunk_forward/backward``, ``delta_rule_chunk_forward/backward``,
-``flash_attention_forward/backward``, ``block_sparse_attention_forward/backward``,
-``sliding_window_forward/backward``, ``index_scores_forward/backward``,
-``topk_attention_forward/backward``) run under ``FakeTensorMode`` on a fake CUDA device, so every block
+How. Each kernel package declares its workloads, the forward and backward through its launch wrappers
+(``FAMILY`` in ``attnlib/kernels/<package>/__init__.py``; the packages are those ``attnlib.mechanisms``
+names). They run under ``FakeTensorMode`` on a fake CUDA device, so every block
 size, warp count and stage count is the one they would choose on a GPU (``common/launch.py``). Each
 kernel launch is intercepted instead of run; its arguments go through Triton's own binder (the
 specialisation the JIT would make: pointer and integer divisibility by 16, integers equal to 1 as
@@ -26,8 +25,9 @@ table) and every configuration it keeps -- any of which the autotuner may pick -
 own launch, after the configuration's pre-hook (which sets the tensor descriptors' boxes).
 ``--every-config`` skips the hook and captures the whole ``configs`` list (to see what the hook removes).
 ``--no-tma`` takes the pointer loads on sm_90 too (the fallback of the descriptor path). The
-block-sparse wrappers are run with ``block_size`` 128, the largest tiles they launch; the sliding-window
-wrappers with ``window`` 512 (its value is a runtime integer: registers do not depend on it).
+workloads fix what the head width does not: the block-sparse mask's block (128, the largest tiles its
+wrappers launch), the sliding-window band (512: a runtime integer, registers do not depend on it), top-k's
+keys per query, ANNA's tables, the Grassmann rank.
 
 Run with TRITON_INTERPRET unset, from the repository root:
 
@@ -75,93 +75,20 @@ SMS = (80, 89, 90)                                # A100, L4, H100: the targets 
 RESULT = ROOT / "benchmarks" / "results" / "kernel_resources.json"
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 SEQ_LEN = 4096                                    # the length the integers are specialised for (T % 16 == 0)
-BLOCK_SIZE = 128                                  # the block-sparse mask's block: the widest kernel tiles
-INDEX_HEADS, TOP_K = 4, 2048                      # top-k attention: index heads, keys per query (DeepSeek's k)
-WINDOW = 512                                      # sliding-window attention: the band's width
 CACHE = ROOT / "benchmarks" / "results" / "kernel_registers_cache.json"
 
 # ----------------------------------------------------------------------------- what the wrappers launch
 
 def workloads(D: int, dtype: torch.dtype) -> dict:
-    """Forward and backward of each chunked, flash, block-sparse and sliding-window mechanism at head dim ``D``
-    (Dv = D), as callables (the flash backward in both forms: deterministic and fused)."""
-    from attnlib._backend import WINDOW_MAX_HEAD_DIM
-    from attnlib.kernels.block_sparse import block_sparse_attention_backward, block_sparse_attention_forward
-    from attnlib.kernels.delta.chunk import delta_rule_chunk_backward, delta_rule_chunk_forward
-    from attnlib.kernels.flash import flash_attention_backward, flash_attention_forward
-    from attnlib.kernels.linear.chunk import linear_chunk_backward, linear_chunk_forward
-    from attnlib.kernels.topk import (
-        index_scores_backward,
-        index_scores_forward,
-        topk_attention_backward,
-        topk_attention_forward,
-    )
-    from attnlib.kernels.window import sliding_window_backward, sliding_window_forward
+    """Forward and backward of every kernel package at head dim ``D`` (Dv = D), as callables: each package's
+    ``FAMILY.workloads`` (``attnlib/kernels/common/family.py``), found through ``attnlib.mechanisms``; a
+    package whose kernels stop below ``D`` has none there (wider heads take the PyTorch path)."""
+    from attnlib.mechanisms import kernel_families
 
-    B, H, T = 1, 1, SEQ_LEN
-    dev = torch.device("cuda")
-
-    def x(*shape, dt=dtype):
-        return torch.empty(*shape, device=dev, dtype=dt)
-
-    def linear(causal):
-        q, k, v, do = x(B, H, T, D), x(B, H, T, D), x(B, H, T, D), x(B, H, T, D)
-        s0, dS = x(B, H, D, D, dt=torch.float32), x(B, H, D, D, dt=torch.float32)
-        linear_chunk_forward(q, k, v, s0, scale=D ** -0.5, causal=causal, chunk_size=64, output_final_state=True)
-        linear_chunk_backward(q, k, v, s0, do, dS, scale=D ** -0.5, causal=causal, chunk_size=64)
-
-    def delta(gated, only_dq=False):
-        q, k, v, do = x(B, H, T, D), x(B, H, T, D), x(B, H, T, D), x(B, H, T, D)
-        beta = x(B, H, T)
-        g = x(B, H, T, dt=torch.float32) if gated else None
-        s0, dS = x(B, H, D, D, dt=torch.float32), x(B, H, D, D, dt=torch.float32)
-        delta_rule_chunk_forward(q, k, v, beta, g, scale=D ** -0.5, chunk_size=64, initial_state=s0,
-                                 output_final_state=True)
-        delta_rule_chunk_backward(q, k, v, beta, g, s0, do, dS, scale=D ** -0.5, chunk_size=64, only_dq=only_dq)
-
-    # Two heads: with one, the JIT would specialise ``H = 1`` away (the chunked kernels take no H).
-    def attention(B=1, H=2):
-        return x(B, H, T, D), x(B, H, T, D), x(B, H, T, D), x(B, H, T, D), x(B, H, T, dt=torch.float32)
-
-    def flash(causal, deterministic=True):
-        q, k, v, do, dlse = attention()
-        o, lse = flash_attention_forward(q, k, v, scale=D ** -0.5, causal=causal)
-        flash_attention_backward(q, k, v, o, lse, do, dlse, scale=D ** -0.5, causal=causal,
-                                 deterministic=deterministic)
-
-    def block_sparse(causal):
-        q, k, v, do, dlse = attention()
-        n = T // BLOCK_SIZE
-        mask = torch.empty(q.shape[1], n, n, device=dev, dtype=torch.bool)
-        kw = dict(block_size=BLOCK_SIZE, scale=D ** -0.5, causal=causal)
-        o, lse = block_sparse_attention_forward(q, k, v, mask, **kw)
-        block_sparse_attention_backward(q, k, v, o, lse, do, dlse, mask, **kw)
-
-    def window(causal):
-        q, k, v, do, dlse = attention()
-        kw = dict(window=WINDOW, scale=D ** -0.5, causal=causal)
-        o, lse = sliding_window_forward(q, k, v, **kw)
-        sliding_window_backward(q, k, v, o, lse, do, dlse, **kw)
-
-    def topk(causal):
-        # The indexer at d_I = D (DeepSeek-V3.2: 64 index heads of 128), then the attention over TOP_K keys.
-        q, k, v, do, dlse = attention()
-        iq, ik, iw = x(B, INDEX_HEADS, T, D), x(B, 1, T, D), x(B, INDEX_HEADS, T)
-        scores = index_scores_forward(iq, ik, iw, causal=causal)
-        index_scores_backward(iq, ik, iw, scores)
-        indices = x(B, 1, T, TOP_K, dt=torch.int64)
-        o, lse = topk_attention_forward(q, k, v, indices, scale=D ** -0.5)
-        topk_attention_backward(q, k, v, indices, o, lse, do, dlse, scale=D ** -0.5)
-
-    return {"linear": lambda: linear(True), "linear non-causal": lambda: linear(False),
-            "delta": lambda: delta(False), "gated delta": lambda: delta(True),
-            "gated delta dq only": lambda: delta(True, only_dq=True),
-            "flash": lambda: flash(True), "flash non-causal": lambda: flash(False),
-            "flash fused": lambda: flash(True, False), "flash fused non-causal": lambda: flash(False, False),
-            "block-sparse": lambda: block_sparse(True), "block-sparse non-causal": lambda: block_sparse(False),
-            **({"window": lambda: window(True), "window non-causal": lambda: window(False)}
-               if D <= WINDOW_MAX_HEAD_DIM else {}),      # wider heads take the PyTorch path
-            "topk": lambda: topk(True)}
+    out = {}
+    for family in kernel_families():
+        out.update(family.workloads_at(D, dtype, torch.device("cuda"), SEQ_LEN))
+    return out
 
 
 def launches(D: int, dtype: torch.dtype, sm: int, names=None, every_config: bool = False, only=None) -> list[dict]:
@@ -200,7 +127,7 @@ def compile_and_count(entry: dict) -> dict:
     run ptxas again for it)."""
     if entry["id"] not in _COUNTED:
         _COUNTED[entry["id"]] = _row(entry, compile_spec(entry))
-    return {**_COUNTED[entry["id"]], "used_by": entry["used_by"]}
+    return {**_COUNTED[entry["id"]], "used_by": list(entry["used_by"])}
 
 
 def _row(entry: dict, res: dict) -> dict:
@@ -233,14 +160,16 @@ def report(dims, dtypes, names=None, progress=sys.stderr, every_config: bool = F
     for sm in sms:
         with fake_gpu(TARGETS[f"sm_{sm}"]), (contextlib.nullcontext() if tma else pointer_loads()):
             for dt in dtypes:
-                done = set()
+                done: dict = {}                    # launch shape -> its row (widest_only)
                 for D in sorted(dims, reverse=widest_only):
                     for entry in launches(D, DTYPES[dt], sm, names, every_config, only):
-                        if widest_only:
-                            if _launch_shape(entry) in done:
-                                continue
-                            done.add(_launch_shape(entry))
+                        if widest_only and _launch_shape(entry) in done:
+                            # compiled at a wider head: the row stands for these workloads too
+                            row = done[_launch_shape(entry)]
+                            row["used_by"] += [w for w in entry["used_by"] if w not in row["used_by"]]
+                            continue
                         row = {"D": D, "dtype": dt, **compile_and_count(entry)}
+                        done[_launch_shape(entry)] = row
                         rows.append(row)
                         if progress:
                             print(fmt_row(row), file=progress, flush=True)
@@ -327,7 +256,7 @@ def main(argv=None) -> int:
                         "not a timing; autotuned kernels: one row per candidate the pruning hook keeps",
                 "target": ", ".join(f"cuda sm_{sm}" for sm in a.sm) + ", warp size 32", "triton": triton.__version__,
                 "torch": torch.__version__, "date": datetime.date.today().isoformat(),
-                "seq_len_specialised": SEQ_LEN, "block_sparse_block_size": BLOCK_SIZE, "window": WINDOW,
+                "seq_len_specialised": SEQ_LEN, "workloads": "each kernel package's FAMILY.workloads",
                 "rows": rows}
         RESULT.write_text(json.dumps(meta, indent=1) + "\n")
         print(f"wrote {RESULT.relative_to(ROOT)}", file=sys.stderr)

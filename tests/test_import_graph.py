@@ -12,7 +12,7 @@ already).
 
 The graph is read from import statements, so a module loaded by name (``importlib.import_module``,
 ``__import__``) would be an edge it cannot see: none is allowed, in the packages or in the scripts, but
-two that load what the process has already imported by its statements (:data:`DYNAMIC_IMPORTS`).
+three listed with their reasons (:data:`DYNAMIC_IMPORTS`).
 """
 
 from __future__ import annotations
@@ -40,6 +40,9 @@ DYNAMIC_IMPORTS = {
     ("benchmarks/_common.py", "versions"),
     # a compile worker finds a kernel by the "module:qualname" its parent recorded from an imported module
     ("benchmarks/kernel_report/compile.py", "resolve_kernel"),
+    # a mechanism's record names its kernel package, imported on demand (Triton is optional); both ends are in
+    # attnlib's layer, and tests/test_kernel_families.py checks that every kernel package is named by a record
+    ("attnlib/mechanisms.py", "kernel_family"),
 }
 
 

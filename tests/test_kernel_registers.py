@@ -6,10 +6,12 @@ ptxas reports spill stores/loads when a kernel's live tiles need more than 255 r
 spill goes through local memory (L1/L2) on every use, and a kernel that needs more shared memory than
 the device has fails to launch -- neither of which Triton's interpreter can see. The benchmark shapes
 (D = 64 and 128) are checked for the four attention ops by ``tests/test_kernel_report.py``; this file
-checks what the report does not: the chunked kernels at the widest head they take (D = 256), and the
-flash and block-sparse kernels at D = 64, 128 and 256 (the sliding-window kernels at the 64 and 128 they
-take) in both backward forms, both causalities, on sm_90 through tensor descriptors and through pointers,
-and the top-k kernels (indexer and gathered attention) at D = 64, 128 and 256. The counts come from
+checks every kernel package, grouped by how its tiles are chosen (``KernelFamily.tiles``; the runs are
+built from the packages' records in ``benchmarks/_register_runs.py``): the chunked kernels at the widest
+head they take (D = 256); the flash, block-sparse and sliding-window kernels at D = 64, 128 and 256 (up to
+the widest head each takes) in both backward forms, both causalities, on sm_90 through tensor descriptors
+and through pointers; and the kernels whose wrappers fix their tiles (top-k's indexer and attention,
+ANNA's hashing, scan and gather, the fused Grassmann projection) at D = 64, 128 and 256. The counts come from
 ``scripts/kernel_resources.py --checked-runs`` (``ptxas -v``, about 12 CPU-minutes), committed in
 ``benchmarks/results/kernel_registers_cache.json`` with the inputs
 they were made from (``benchmarks/_artifacts.py``). Nothing here compiles: a test reads the committed
@@ -59,12 +61,14 @@ def test_chunked_kernels_at_d256_fit_and_spill_no_registers_on_every_target():
     at D = 256 in bf16: every launch -- every kept candidate -- on sm_80, sm_89 and sm_90."""
     from attnlib.kernels.common.launch import SHARED_MEMORY
 
-    rows = compiled_resources(*(f"chunked D256 sm_{sm}" for sm in (80, 89, 90)))
-    for sm in (80, 89, 90):
+    rows = compiled_resources(*(f"head D256 sm_{sm}" for sm in kr.SMS))
+    for sm in kr.SMS:
         mine = [r for r in rows if r["sm"] == sm]
-        # (at D = 256 linear attention's causal forward is the two-pass form: state pass, then outputs)
-        assert {"_wy_fwd_kernel", "_fwd_h_kernel", "_fwd_o_kernel", "_bwd_dh_kernel", "_bwd_dqk_kernel",
-                "_wy_bwd_kernel"} <= {r["kernel"] for r in mine}, (sm, sorted({r["kernel"] for r in mine}))
+        # at D = 256 linear attention's causal forward is the two-pass form (state pass, then outputs): the
+        # segmented forward's kernels run at D <= 128 only (compiled in the report at the benchmark shapes)
+        segmented = {k for k in kr.kernels("head") if k.startswith("_segment_")}
+        launched = {r["kernel"] for r in mine}
+        assert launched == set(kr.kernels("head")) - segmented, (sm, sorted(launched))
         limit = SHARED_MEMORY[(sm // 10, sm % 10)]
         bad = [(r["kernel"], r["flags"], r["block_v"], r["num_warps"], r["num_stages"], r["spill_store_bytes"],
                 r["shared_bytes"]) for r in mine
@@ -75,8 +79,20 @@ def test_chunked_kernels_at_d256_fit_and_spill_no_registers_on_every_target():
         assert all(0 < r["registers"] <= 255 for r in mine)
 
 
-FLASH = kr.FLASH
-WINDOW = kr.WINDOW
+def _autotuned_blocks() -> dict[str, tuple[str, int]]:
+    """The autotuned launches of the ``blocks`` families (``launch.TUNED``): name -> (kernel, widest head)."""
+    from attnlib.kernels.common import launch
+    from attnlib.mechanisms import kernel_families
+
+    widest = {k: f.max_head_dim for f in kernel_families() if f.tiles == "blocks" for k in f.kernels}
+    return {name: (kernel, widest[kernel]) for name, kernel in launch.TUNED_KERNEL.items() if kernel in widest}
+
+
+# The autotuned kernels of the blocks families (flash's and the sliding window's): on sm_90 they load through
+# tensor descriptors; block-sparse's kernels, whose tiles the wrapper halves to fit, through pointers.
+DESCRIPTOR_KERNELS = {kernel for kernel, _ in _autotuned_blocks().values()}
+# The softmax backward's preprocessing (a row sum of dO * O, per query row): no causality, no product.
+PREPROCESS = "softmax_bwd_preprocess_kernel"
 # Shared memory per block (the opt-in maximum) of the GPU each target stands for: A100, L4, H100.
 SHARED_BYTES = {80: 163 * 1024, 89: 99 * 1024, 90: 227 * 1024}
 
@@ -88,16 +104,12 @@ def _tile(row):
 
 
 def _kept(family: str, limit: int) -> set:
-    """What the flash and sliding-window pruning hooks keep on a device of this family and shared memory, at
-    D = 64, 128, 256 in half precision, as ``_tile`` keys (both causalities)."""
+    """What the pruning hooks of the blocks families' autotuned launches keep on a device of this family and
+    shared memory, at D = 64, 128, 256 (up to each family's widest head) in half precision, as ``_tile``
+    keys (both causalities)."""
     import torch
 
-    from attnlib._backend import WINDOW_MAX_HEAD_DIM
     from attnlib.kernels.common import launch
-    from attnlib.kernels.flash import backward as bwd
-    from attnlib.kernels.flash import forward as fwd
-    from attnlib.kernels.window import backward as window_bwd
-    from attnlib.kernels.window import forward as window_fwd
 
     kept = set()
     saved = launch.shared_memory_limit, launch.target_family
@@ -106,15 +118,11 @@ def _kept(family: str, limit: int) -> set:
         for d in (64, 128, 256):
             x = torch.empty(0, dtype=torch.float16)
             args = {"O": x, "DK": x, "DQ": x, "LSE": x, "BLOCK_D": d, "BLOCK_DV": d}
-            for kernel, fused, configs, prune in [
-                    ("_flash_fwd_kernel", False, fwd._FWD_CONFIGS, fwd._prune_fwd),
-                    ("_flash_bwd_dkdv_kernel", False, bwd._DKDV_CONFIGS, bwd._prune_dkdv),
-                    ("_flash_bwd_dkdv_kernel", True, bwd._FUSED_CONFIGS, bwd._prune_fused),
-                    ("_flash_bwd_dq_kernel", False, bwd._DQ_CONFIGS, bwd._prune_dq),
-                    *([("_window_fwd_kernel", False, window_fwd._FWD_CONFIGS, window_fwd._prune_fwd),
-                       ("_window_bwd_dkdv_kernel", False, window_bwd._DKDV_CONFIGS, window_bwd._prune_dkdv),
-                       ("_window_bwd_dq_kernel", False, window_bwd._DQ_CONFIGS, window_bwd._prune_dq)]
-                      if d <= WINDOW_MAX_HEAD_DIM else [])]:
+            for name, (kernel, widest) in _autotuned_blocks().items():
+                if d > widest:
+                    continue
+                configs, prune = launch.TUNED[name]
+                fused = name.rpartition(".")[2] == "_fused"         # the backward adding dQ atomically
                 kept |= {(kernel, fused, causal, *launch.config_key(c)) for c in prune(configs, args)
                          for causal in (False, True)}
     finally:
@@ -135,9 +143,9 @@ def test_flash_autotune_candidates_fit_and_spill_no_registers_on_every_target():
     measurement (``scripts/kernel_report.py --spill-tables``) behind the tables."""
     from attnlib.kernels.common.launch import SHARED_MEMORY
 
-    runs = {"flash sm_80 bf16 causal": (80, "bf16", ()), "flash sm_89 fp16 non-causal": (89, "fp16", ()),
-            "flash sm_90 bf16 causal": (90, "bf16", ()),
-            "flash sm_90 fp16 non-causal pointers": (90, "fp16", ("--no-tma",))}
+    runs = {"blocks sm_80 bf16 causal": (80, "bf16", ()), "blocks sm_89 fp16 non-causal": (89, "fp16", ()),
+            "blocks sm_90 bf16 causal": (90, "bf16", ()),
+            "blocks sm_90 fp16 non-causal pointers": (90, "fp16", ("--no-tma",))}
     assert all((sm, dt) == (int(kr.CHECKED_RUNS[n][kr.CHECKED_RUNS[n].index("--sm") + 1]),
                             kr.CHECKED_RUNS[n][kr.CHECKED_RUNS[n].index("--dtypes") + 1])
                and ("--no-tma" in kr.CHECKED_RUNS[n]) == bool(x) for n, (sm, dt, x) in runs.items())
@@ -145,16 +153,18 @@ def test_flash_autotune_candidates_fit_and_spill_no_registers_on_every_target():
     for sm, dt, x in runs.values():
         mine = [r for r in rows if r["sm"] == sm and r["dtype"] == dt]
         causal = dt == "bf16"
-        assert mine and all(("CAUSAL" in r["flags"]) == causal for r in mine)
+        assert mine and all(("CAUSAL" in r["flags"]) == causal for r in mine if r["kernel"] != PREPROCESS)
         # Descriptors on sm_90 (the backward's up to D = 128), never elsewhere nor in the block-sparse kernels.
-        assert all(r["tma"] == (sm == 90 and not x and r["kernel"] in FLASH + WINDOW and
-                                (r["kernel"] in ("_flash_fwd_kernel", "_window_fwd_kernel") or r["D"] <= 128))
+        assert {r["kernel"] for r in mine} == set(kr.kernels("blocks")), sm
+        assert all(r["tma"] == (sm == 90 and not x and r["kernel"] in DESCRIPTOR_KERNELS and
+                                ("_fwd_" in r["kernel"] or r["D"] <= 128))
                    for r in mine), sm
-        assert {r["mma"] for r in mine} == ({"wgmma", "mma.sync"} if sm == 90 else {"mma.sync"}), sm
+        assert {r["mma"] for r in mine if r["kernel"] != PREPROCESS} == \
+            ({"wgmma", "mma.sync"} if sm == 90 else {"mma.sync"}), sm
         family = "sm90" if sm == 90 else "sm80" if sm == 80 else "sm89"
         limit = SHARED_MEMORY[(sm // 10, sm % 10)]
         assert limit == SHARED_BYTES[sm]
-        assert {_tile(r) for r in mine if r["kernel"] in FLASH + WINDOW} == \
+        assert {_tile(r) for r in mine if r["kernel"] in DESCRIPTOR_KERNELS} == \
             {t for t in _kept(family, limit) if t[2] == causal}
         bad = [(r["kernel"], r["flags"], r["D"], r["spill_store_bytes"], r["shared_bytes"]) for r in mine
                if r["spill_store_bytes"] or r["spill_load_bytes"] or r["shared_bytes"] > limit]
@@ -162,23 +172,22 @@ def test_flash_autotune_candidates_fit_and_spill_no_registers_on_every_target():
         assert all(0 < r["registers"] <= 255 for r in mine)
 
 
-TOPK = kr.TOPK
-
-
-def test_topk_kernels_fit_and_spill_no_registers_on_every_target():
-    """The lightning indexer's kernels (scores forward with the causal skip, both backward kernels) and
-    the gathered top-k attention (forward, backward with atomic scatter) at D = d_I = 64, 128 and 256 in
-    bf16 and fp16, at the tiles their wrappers choose on sm_80, sm_89 and sm_90: within the target's
-    shared memory, no spill. The index products reach the tensor cores (mma.sync; wgmma on sm_90 where
-    the tile has 64 rows); the attention's gathered rows use none (a matrix-vector product per query and
-    head: ``attnlib/kernels/topk/attention.py``). float32 is not checked: its exact products run on the
-    CUDA cores, and three of its launches spill 4-8 bytes."""
+def test_fixed_tile_kernels_fit_and_spill_no_registers_on_every_target():
+    """The kernels whose wrappers fix their tiles for the device (the ``fixed`` families: top-k's lightning
+    indexer and gathered attention, ANNA's hashing, scan and gather, the fused Grassmann projection) at
+    D = 64, 128 and 256 in bf16 and fp16 (up to the widest head each takes), on sm_80, sm_89 and sm_90:
+    every kernel of those families compiled, within the target's shared memory, no spill. The index
+    products reach the tensor cores (mma.sync; wgmma on sm_90 where the tile has 64 rows); the top-k
+    attention's gathered rows use none (a matrix-vector product per query and head:
+    ``attnlib/kernels/topk/attention.py``), nor do ANNA's hashes (exact float32 products: the bucket must be
+    the reference's). float32 is not checked: its exact products run on the CUDA cores, and three of top-k's
+    launches spill 4-8 bytes."""
     from attnlib.kernels.common.launch import SHARED_MEMORY
 
-    rows = compiled_resources(*(f"topk sm_{sm}" for sm in (80, 89, 90)))
-    for sm in (80, 89, 90):
+    rows = compiled_resources(*(f"fixed sm_{sm}" for sm in kr.SMS))
+    for sm in kr.SMS:
         mine = [r for r in rows if r["sm"] == sm]
-        assert {r["kernel"] for r in mine} == set(TOPK), sm
+        assert {r["kernel"] for r in mine} == set(kr.kernels("fixed")), sm
         limit = SHARED_MEMORY[(sm // 10, sm % 10)]
         bad = [(r["kernel"], r["flags"], r["D"], r["dtype"], r["spill_store_bytes"], r["shared_bytes"]) for r in mine
                if r["spill_store_bytes"] or r["spill_load_bytes"] or r["shared_bytes"] > limit]
@@ -186,4 +195,5 @@ def test_topk_kernels_fit_and_spill_no_registers_on_every_target():
         assert all(0 < r["registers"] <= 255 for r in mine)
         index_mma = {r["mma"] for r in mine if r["kernel"].startswith("_index")}
         assert index_mma == ({"wgmma", "mma.sync"} if sm == 90 else {"mma.sync"}), (sm, index_mma)
-        assert {r["mma"] for r in mine if r["kernel"].startswith("_topk")} == {"fma"}, sm
+        assert {r["mma"] for r in mine if r["kernel"].startswith(("_topk", "_simhash", "_crosspolytope"))} == \
+            {"fma"}, sm

@@ -167,8 +167,10 @@ def halvings(bm: int, bn: int, *, first: str = "M", num_warps=4, num_stages: int
             bn //= 2
 
 
-# The autotuned launches by name (``module.attribute``), for :func:`kept_candidates`: ``(configs, prune)``.
+# The autotuned launches by name (``module.attribute``), for :func:`kept_candidates`: ``(configs, prune)``;
+# and the kernel each launches, by its function's name (for the compile checks, which see kernels by name).
 TUNED: dict[str, tuple[list, Callable]] = {}
+TUNED_KERNEL: dict[str, str] = {}
 
 
 def kept_candidates(name: str, args: dict, capability: tuple[int, int]) -> list:
@@ -248,6 +250,7 @@ def autotuned(kernel, configs, key, prune, *, name: str | None = None, **options
     ``name`` (``module.attribute``) registers the launch in :data:`TUNED`."""
     if name is not None:
         TUNED[name] = (configs, prune)
+        TUNED_KERNEL[name] = kernel.__name__
     if INTERPRET:
         return _Interpreted(kernel, name) if name is not None else kernel
     return triton.autotune(configs, key=key, prune_configs_by={"early_config_prune": prune}, **options)(kernel)
@@ -344,7 +347,7 @@ def check_chunk(chunk_size: int) -> None:
 
 
 __all__ = ["FORCED", "FORCED_LAUNCHES", "KERNEL_CHUNKS", "MAX_HEAD_DIM", "MIN_DOT", "SHARED_MEMORY", "SMEM_MARGIN",
-           "TUNED", "TensorDescriptor", "autotuned", "capability", "check_chunk", "choose", "chunk_invariants",
-           "config_key", "descriptor_blocks", "family", "forced", "forcing", "halvings", "head_block",
-           "head_descriptors", "interpret_config", "keep", "kept_candidates", "num_chunks", "pruner",
+           "TUNED", "TUNED_KERNEL", "TensorDescriptor", "autotuned", "capability", "check_chunk", "choose",
+           "chunk_invariants", "config_key", "descriptor_blocks", "family", "forced", "forcing", "halvings",
+           "head_block", "head_descriptors", "interpret_config", "keep", "kept_candidates", "num_chunks", "pruner",
            "require_launchable", "shared_memory_limit", "sm_count", "target_family", "tma_compatible", "tma_device"]
