@@ -43,6 +43,9 @@ KERNEL_CHUNKS = (16, 32, 64)
 # The sliding-window kernels stop at 128: at 256 every forward tiling spills registers on sm_90 (4-280 B,
 # through descriptors and pointers, flash's 32 x 16 fallback included: scripts/kernel_resources.py).
 WINDOW_MAX_HEAD_DIM = 128
+# ANNA's cross-polytope hashing kernel: the widest head it is compiled and checked at (spill-free on sm_80,
+# sm_89 and sm_90 at 64 and 128); wider heads take the reference.
+CROSSPOLYTOPE_MAX_HEAD_DIM = 128
 
 # Read once, at import: this is the value the kernels' @triton.jit decorators will see, because
 # attnlib.kernels is imported lazily, but always after this module. Changing the variable later

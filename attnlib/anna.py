@@ -51,7 +51,7 @@ import math
 import torch
 
 from . import _validate
-from ._backend import MAX_HEAD_DIM, choose_backend
+from ._backend import CROSSPOLYTOPE_MAX_HEAD_DIM, MAX_HEAD_DIM, choose_backend
 from ._numerics import acc_dtype
 
 FAMILIES = ("simhash", "crosspolytope")
@@ -308,7 +308,7 @@ def anna_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, n_table
         return_weights: also return the implied weights ``w [B, H, Tq, Tk]`` (float64 on q's device;
             rows sum to 1 or are all zero) -- built densely, so only for ``Tq * Tk <= 2^24``.
             ``Tk == 0`` is allowed: every row is empty.
-        backend: ``"auto"`` (the Triton kernels on CUDA -- cross-polytope for ``D <= 128`` -- the
+        backend: ``"auto"`` (the Triton kernels on CUDA -- cross-polytope for ``D <= CROSSPOLYTOPE_MAX_HEAD_DIM`` -- the
             reference otherwise), ``"torch"`` or ``"triton"``.
 
     Returns ``o [B, H, Tq, Dv]`` in v's dtype, or ``(o, w)``. Not differentiable: inputs that
@@ -338,8 +338,9 @@ def anna_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, n_table
 
     proj = lsh_projections(family, n_tables, n_bits, D, seed)
     why_not = None
-    if family == "crosspolytope" and D > 128:
-        why_not = f"the cross-polytope hashing kernel holds a [D, D] tile on chip and takes D up to 128; got D={D}"
+    if family == "crosspolytope" and D > CROSSPOLYTOPE_MAX_HEAD_DIM:
+        why_not = (f"the cross-polytope hashing kernel is compiled and checked for heads up to "
+                   f"{CROSSPOLYTOPE_MAX_HEAD_DIM} and takes D up to {CROSSPOLYTOPE_MAX_HEAD_DIM}; got D={D}")
     elif max(D, Dv) > MAX_HEAD_DIM:
         why_not = f"the kernel takes head dims up to {MAX_HEAD_DIM}; got D={D}, Dv={Dv}"
     which = choose_backend(backend, q, why_not=why_not)

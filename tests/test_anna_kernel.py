@@ -25,12 +25,45 @@ def test_simhash_kernel_codes_equal_reference_codes(D, n_bits):
     assert torch.equal(simhash_codes(x, planes), lsh_codes(x, planes, "simhash"))
 
 
-# (70: three blocks of projection columns and a padded fourth; 6^20 > 2^31)
+# (70: the projection columns in five blocks of 16, the last partly padded; 6^20 > 2^31)
 @pytest.mark.parametrize("D,n_bits", [(3, 1), (12, 4), (20, 2), (70, 3), (3, 20)])
 def test_crosspolytope_kernel_codes_equal_reference_codes(D, n_bits):
     x = torch.randn(2, 1, 37, D, generator=torch.Generator().manual_seed(D))
     rot = lsh_projections("crosspolytope", 3, n_bits, D, 4)
     assert torch.equal(crosspolytope_codes(x, rot), lsh_codes(x, rot, "crosspolytope"))
+
+
+@pytest.mark.parametrize("D", [16, 40])
+def test_crosspolytope_kernel_breaks_ties_as_the_reference_across_column_blocks(D):
+    """Equal projections in different blocks of columns (column 20 or 3 + 16 a copy of column 3) and a
+    negated copy (+p_3 = -p_c) tie for the maximum when x is column 3 itself: the first index wins, and the
+    positive half over the negative, as the reference's arg-max over [p, -p]; an all-zero rotation makes
+    every projection 0 (and -0): digit 0."""
+    g = torch.Generator().manual_seed(D)
+    rot = torch.randn(2, 2, D, D, generator=g)
+    twin, negated = (20, D - 5) if D > 20 else (3 + D // 2, D - 1)
+    rot[0, :, :, twin] = rot[0, :, :, 3]
+    rot[0, :, :, negated] = -rot[0, :, :, 3]
+    rot[1] = 0.0
+    x = torch.randn(1, 1, 21, D, generator=g)
+    x[0, 0, :4] = rot[0, 0, :, 3]                               # rows whose first hash ties at column 3
+    got, want = crosspolytope_codes(x, rot), lsh_codes(x, rot, "crosspolytope")
+    assert torch.equal(got, want)
+    assert (got[0, 0, 0, :4] % (2 * D) == 3).all()              # the first digit: the positive column 3
+    assert (got[0, 0, 1] == 0).all()                           # all-zero rotations: every digit 0
+
+
+@pytest.mark.parametrize("D", [16, 40])
+def test_crosspolytope_kernel_takes_a_nan_row(D):
+    """A row with a NaN has no direction (the op replaces its key); the kernel must still run -- a NaN
+    projection never wins an arg-max, so no block of columns is all NaN -- and leave the other rows'
+    keys equal to the reference's."""
+    x = torch.randn(1, 1, 19, D, generator=torch.Generator().manual_seed(D))
+    x[0, 0, 5, 2] = float("nan")
+    rot = lsh_projections("crosspolytope", 2, 3, D, 1)
+    got, want = crosspolytope_codes(x, rot), lsh_codes(x, rot, "crosspolytope")
+    rows = [t for t in range(19) if t != 5]
+    assert torch.equal(got[..., rows], want[..., rows])
 
 
 @pytest.mark.parametrize("causal", [False, True])

@@ -14,6 +14,7 @@
 
 import torch
 
+from ..._backend import CROSSPOLYTOPE_MAX_HEAD_DIM
 from ..common.family import KernelFamily, empty
 from .crosspolytope import crosspolytope_codes
 from .gather import anna_gather
@@ -39,7 +40,7 @@ def _workloads(D: int, dtype, device, T: int) -> dict:
 
     # no backward: ANNA's weights are piecewise constant (the operator's gradient flows through v alone, in torch)
     out = {"anna simhash": lambda: hash_and_sum("simhash")}
-    if D <= 128:                                   # the cross-polytope kernel holds a [D, D] float32 rotation
+    if D <= CROSSPOLYTOPE_MAX_HEAD_DIM:           # wider heads take the reference
         out["anna cross-polytope"] = lambda: hash_and_sum("crosspolytope")
     return out
 

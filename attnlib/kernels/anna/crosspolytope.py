@@ -22,11 +22,13 @@ import torch
 import triton
 import triton.language as tl
 
+from ..._backend import CROSSPOLYTOPE_MAX_HEAD_DIM
 from .rows import hash_launch, hash_rows, store_codes
 
 # The row tile, warps and stages on a GPU, and the projection columns per product (BLOCK_E): spill-free on
 # sm_80, sm_89 and sm_90 at D = 64 and 128 (scripts/kernel_resources.py). The whole [D, D] matrix per
-# product spilled 8-27 KB per thread on every target at D = 64; 32 columns, 4-12 B at D = 128.
+# product spilled on every target: 8-27 KB per thread at D = 64 with the hashes unrolled, 7-12 KB at
+# D = 128 without; 32 columns, 4-12 B at D = 128.
 CROSSPOLYTOPE_CONFIG = triton.Config({"BLOCK_T": 32}, num_warps=4, num_stages=3)
 COLUMN_BLOCK = 16
 
@@ -45,20 +47,23 @@ def _crosspolytope_codes_kernel(X, G, CODE,
     code = tl.zeros([BLOCK_T], dtype=tl.int64)
     place = tl.zeros([BLOCK_T], dtype=tl.int64) + 1          # (2D)^c in int64: it passes 2^31 for large z
     for c in range(Z):
-        # The projections BLOCK_E columns at a time, with a running arg-max of each half: a whole [D, D]
-        # float32 tile and its [BLOCK_T, D] product spilled at D = 128 on every target.
+        # The projections BLOCK_E columns at a time, with a running arg-max of each half (a whole [D, D]
+        # float32 tile and its [BLOCK_T, D] product spilled: COLUMN_BLOCK's comment).
         best_pos = tl.full([BLOCK_T], float("-inf"), tl.float32)
         best_neg = tl.full([BLOCK_T], float("-inf"), tl.float32)
         i_pos = tl.zeros([BLOCK_T], dtype=tl.int32)
         i_neg = tl.zeros([BLOCK_T], dtype=tl.int32)
-        for e0 in range(0, BLOCK_D, BLOCK_E):
+        for e0 in range(0, D, BLOCK_E):                      # no block past D: padding alone never wins
             offs_e = e0 + tl.arange(0, BLOCK_E)
             emask = offs_e < D
             g = tl.load(G + table * stride_gl + c * stride_gz + offs_d[:, None] * stride_gd
                         + offs_e[None, :] * stride_ge, mask=dmask[:, None] & emask[None, :], other=0.0)
             p = tl.dot(x, g, input_precision="ieee")                                    # [BLOCK_T, BLOCK_E]
-            pos = tl.where(emask[None, :], p, float("-inf"))
-            neg = tl.where(emask[None, :], -p, float("-inf"))
+            # padded columns and NaN projections (a row with a NaN: its key is replaced by the caller) never
+            # win; a NaN left in would make a whole block NaN, which the interpreter's arg-max refuses
+            keep = emask[None, :] & (p == p)
+            pos = tl.where(keep, p, float("-inf"))
+            neg = tl.where(keep, -p, float("-inf"))
             m_pos, m_neg = tl.max(pos, axis=1), tl.max(neg, axis=1)
             # a later block wins only when strictly larger: the first index among equals, as torch's argmax
             i_pos = tl.where(m_pos > best_pos, e0 + tl.argmax(pos, axis=1), i_pos)
@@ -75,7 +80,7 @@ def crosspolytope_codes(x: torch.Tensor, rotations: torch.Tensor) -> torch.Tenso
     """Bucket keys of ``x [B, H, T, D]`` under ``rotations [l, z, D, D]``: int64 ``[B, H, l, T]``."""
     _, H, T, D = x.shape
     n_tables, Z = rotations.shape[:2]
-    code, tiles, BLOCK_D, grid = hash_launch(x, n_tables, CROSSPOLYTOPE_CONFIG, max_dim=128)   # a [D, D] fp32 tile
+    code, tiles, BLOCK_D, grid = hash_launch(x, n_tables, CROSSPOLYTOPE_CONFIG, max_dim=CROSSPOLYTOPE_MAX_HEAD_DIM)
     if code.numel() == 0:
         return code
     g = rotations.to(device=x.device, dtype=torch.float32).contiguous()
