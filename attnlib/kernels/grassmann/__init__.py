@@ -22,7 +22,7 @@ def _workloads(D: int, dtype, device, T: int) -> dict:
     return {"grassmann": run}
 
 
-FAMILY = KernelFamily("grassmann", ("_fwd_kernel", "_bwd_partner_kernel", "_bwd_z_kernel", "_bwd_weight_kernel"),
-                      "fixed", _workloads)
+FAMILY = KernelFamily("grassmann", ("_plucker_fwd_kernel", "_plucker_bwd_partner_kernel", "_plucker_bwd_z_kernel",
+                                    "_plucker_bwd_weight_kernel"), "fixed", _workloads)
 
 __all__ = ["FAMILY", "plucker_fused_forward", "plucker_fused_backward"]

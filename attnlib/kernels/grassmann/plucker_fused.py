@@ -31,20 +31,20 @@ accurate as ``|z| ~ 1``.
 
 Tiling.
 
-* ``_fwd_kernel``, grid ``(cdiv(T, BLOCK_T), cdiv(d, BLOCK_D), B)``: a program owns ``BLOCK_T``
+* ``_plucker_fwd_kernel``, grid ``(cdiv(T, BLOCK_T), cdiv(d, BLOCK_D), B)``: a program owns ``BLOCK_T``
   positions and ``BLOCK_D`` output columns. It loads ``u = z_s,t`` as a ``[BLOCK_T, BLOCK_R]`` tile,
   loops over the offsets loading the partner tile ``z_s,t-delta`` (masked to zero where
   ``t - delta < 0``), accumulates ``w_hat`` in registers, then loops over ``i < r``: one
   ``[BLOCK_T, BLOCK_R] x [BLOCK_R, BLOCK_D]`` dot with ``Wa[i]``, scaled by the column ``u_i``.
   Written back: ``g`` tile, and ``w_hat`` (``[B, T, r]`` float32, by the ``d``-block 0 programs),
   saved for the backward pass. Nothing of size ``|W| C`` exists, not even in registers.
-* ``_bwd_partner_kernel``, grid ``(cdiv(T, BLOCK_T), B)``: from ``dg`` (looping over ``d`` in
+* ``_plucker_bwd_partner_kernel``, grid ``(cdiv(T, BLOCK_T), B)``: from ``dg`` (looping over ``d`` in
   ``BLOCK_D`` slices and over ``i``) the gradients of the bilinear form: ``dw_hat_t`` and the direct
   part of ``du_t``; both ``[B, T, r]`` float32.
-* ``_bwd_z_kernel``, grid ``(cdiv(T, BLOCK_T), B)``: ``dz_s`` gathered, without atomics, from the
+* ``_plucker_bwd_z_kernel``, grid ``(cdiv(T, BLOCK_T), B)``: ``dz_s`` gathered, without atomics, from the
   two roles ``z_s`` plays -- as ``u`` at ``t = s`` and as the partner of ``t = s + delta`` -- by
   recomputing each pair's ``v``, norm and coefficient (``O(|W| r)`` per token).
-* ``_bwd_weight_kernel``, grid ``(r, cdiv(d, BLOCK_D), SPLIT)``: ``dWa[i] = sum_t u_{t,i} w_hat_t^T dg_t``,
+* ``_plucker_bwd_weight_kernel``, grid ``(r, cdiv(d, BLOCK_D), SPLIT)``: ``dWa[i] = sum_t u_{t,i} w_hat_t^T dg_t``,
   one ``[BLOCK_R, BLOCK_D]`` accumulator per program over a contiguous share of the ``B T`` rows;
   the ``SPLIT`` partial sums are added in PyTorch (deterministic, no atomics).
 
@@ -127,7 +127,7 @@ def _count_valid(t, OFF, NW):
 
 
 @triton.jit
-def _fwd_kernel(ZS, S, WA, OFF, G, WHAT,
+def _plucker_fwd_kernel(ZS, S, WA, OFF, G, WHAT,
                 stride_gb, stride_gt, stride_gd,
                 T, R, D, NW, eps, tiny,
                 BLOCK_T: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, DT: tl.constexpr):
@@ -166,7 +166,7 @@ def _fwd_kernel(ZS, S, WA, OFF, G, WHAT,
 
 
 @triton.jit
-def _bwd_partner_kernel(ZS, WA, WHAT, DG, DWHAT, DU,
+def _plucker_bwd_partner_kernel(ZS, WA, WHAT, DG, DWHAT, DU,
                         stride_gb, stride_gt, stride_gd,
                         T, R, D,
                         BLOCK_T: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -195,7 +195,7 @@ def _bwd_partner_kernel(ZS, WA, WHAT, DG, DWHAT, DU,
 
 
 @triton.jit
-def _bwd_z_kernel(ZS, S, OFF, DWHAT, DU, DZ,
+def _plucker_bwd_z_kernel(ZS, S, OFF, DWHAT, DU, DZ,
                   T, R, NW, eps, tiny,
                   BLOCK_T: tl.constexpr, BLOCK_R: tl.constexpr):
     """dz_s = du_s (direct) + [z_s as u at t = s: through each v and each norm]
@@ -242,7 +242,7 @@ def _bwd_z_kernel(ZS, S, OFF, DWHAT, DU, DZ,
 
 
 @triton.jit
-def _bwd_weight_kernel(ZS, WHAT, DG, DWA,
+def _plucker_bwd_weight_kernel(ZS, WHAT, DG, DWA,
                        stride_gn, stride_gd,
                        N, R, D, ROWS_PER_SPLIT,
                        BLOCK_T: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -292,8 +292,8 @@ def _fwd(zs, s, wa, offsets, norm_floor, out_dtype):
         return g.zero_(), what.zero_()
     block_r, block_d = _blocks(R, D)
     grid = (triton.cdiv(T, BLOCK_T), triton.cdiv(D, block_d), B)
-    _fwd_kernel[grid](zs, s, wa, offsets, g, what, *g.stride(), T, R, D, offsets.numel(), float(norm_floor), TINY,
-                      BLOCK_T=BLOCK_T, BLOCK_R=block_r, BLOCK_D=block_d, DT=io_dtype(out_dtype))
+    _plucker_fwd_kernel[grid](zs, s, wa, offsets, g, what, *g.stride(), T, R, D, offsets.numel(), float(norm_floor),
+                              TINY, BLOCK_T=BLOCK_T, BLOCK_R=block_r, BLOCK_D=block_d, DT=io_dtype(out_dtype))
     return g, what
 
 
@@ -308,18 +308,18 @@ def _bwd(zs, s, wa, offsets, norm_floor, what, dg):
     dwhat = torch.empty(B, T, R, device=zs.device, dtype=torch.float32)
     du = torch.empty_like(dwhat)
     grid = (triton.cdiv(T, BLOCK_T), B)
-    _bwd_partner_kernel[grid](zs, wa, what, dg, dwhat, du, *dg.stride(), T, R, D,
-                              BLOCK_T=BLOCK_T, BLOCK_R=block_r, BLOCK_D=block_d, DT=dt)
+    _plucker_bwd_partner_kernel[grid](zs, wa, what, dg, dwhat, du, *dg.stride(), T, R, D,
+                                      BLOCK_T=BLOCK_T, BLOCK_R=block_r, BLOCK_D=block_d, DT=dt)
     dzs = torch.empty_like(dwhat)
-    _bwd_z_kernel[grid](zs, s, offsets, dwhat, du, dzs, T, R, offsets.numel(), float(norm_floor), TINY,
-                        BLOCK_T=BLOCK_T, BLOCK_R=block_r)
+    _plucker_bwd_z_kernel[grid](zs, s, offsets, dwhat, du, dzs, T, R, offsets.numel(), float(norm_floor), TINY,
+                                BLOCK_T=BLOCK_T, BLOCK_R=block_r)
     N = B * T
     gf = dg.reshape(N, D)
     split = max(1, min(64, triton.cdiv(N, 2048)))
     rows = triton.cdiv(triton.cdiv(N, split), BLOCK_T) * BLOCK_T
     split = triton.cdiv(N, rows)
     dwa = torch.empty(split, R, R, D, device=zs.device, dtype=torch.float32)
-    _bwd_weight_kernel[(R, triton.cdiv(D, block_d), split)](
+    _plucker_bwd_weight_kernel[(R, triton.cdiv(D, block_d), split)](
         zs, what, gf, dwa, *gf.stride(), N, R, D, rows,
         BLOCK_T=BLOCK_T, BLOCK_R=block_r, BLOCK_D=block_d, DT=dt)
     return dzs * s[..., None], dwa.sum(0)                   # dz = s dz_s: s is piecewise constant
