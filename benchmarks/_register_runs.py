@@ -3,8 +3,10 @@ each, by name, built from the kernel packages' ``FAMILY`` records (``attnlib/ker
 found through ``attnlib.mechanisms``), so that a new kernel package is compiled and checked with no edit
 here. ``kernel_resources.py --checked-runs`` compiles them into
 ``benchmarks/results/kernel_registers_cache.json``; the test reads their rows from there. A module of its
-own, free of side effects, so that the test can read the list without importing the compile machinery
-(``benchmarks.kernel_report`` switches Triton's interpreter off for the process that imports it).
+own, so that the test can read the list without importing the compile machinery
+(``benchmarks.kernel_report`` switches Triton's interpreter off for the process that imports it). Importing
+it imports every kernel package (through the records), with the interpreter as the process has it: a
+script that compiles imports it after ``benchmarks.kernel_report``.
 
 One group of runs per kind of tiling (``KernelFamily.tiles``):
 

@@ -39,8 +39,8 @@ Run with TRITON_INTERPRET unset, from the repository root:
 The ``SPILLS`` tables themselves come from ``kernel_report.py --spill-tables``.
 
 ``--json-stdout`` prints the rows as one JSON line. ``--checked-runs`` compiles the runs that
-``tests/test_kernel_registers.py`` asserts on (:data:`CHECKED_RUNS`), each in its own process, and writes
-their rows with the inputs they were made from to ``benchmarks/results/kernel_registers_cache.json``
+``tests/test_kernel_registers.py`` asserts on (``benchmarks._register_runs.CHECKED_RUNS``), each in its own
+process, and writes their rows with the inputs they were made from to ``benchmarks/results/kernel_registers_cache.json``
 (``python -m benchmarks._artifacts`` says whether that file is current; ``make artifacts`` remakes it).
 """
 
@@ -59,8 +59,6 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 import triton
 from torch._subclasses.fake_tensor import FakeTensorMode
-
-from benchmarks._register_runs import CHECKED_RUNS
 
 # The capture and compile machinery lives in benchmarks/kernel_report/ (importing it sets the Triton
 # environment: interpreter off -- attnlib's kernels are imported later, in workloads() -- and ptxas on every
@@ -189,6 +187,8 @@ def fmt_row(r: dict) -> str:
 
 
 def _one_run(name: str) -> tuple[str, list[dict], float]:
+    from benchmarks._register_runs import CHECKED_RUNS
+
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     t0 = time.time()
@@ -200,9 +200,12 @@ def _one_run(name: str) -> tuple[str, list[dict], float]:
 
 
 def checked_runs(jobs: int) -> int:
-    """Compile every run of :data:`CHECKED_RUNS` (``jobs`` processes at a time; each compile is
-    single-threaded) and write CACHE, stamped with the inputs it was made from."""
+    """Compile every run of ``benchmarks._register_runs.CHECKED_RUNS`` (``jobs`` processes at a time; each
+    compile is single-threaded) and write CACHE, stamped with the inputs it was made from. (The runs are
+    imported here, after ``benchmarks.kernel_report`` switched the interpreter off: they are built from the
+    kernel packages' records, which imports the kernels.)"""
     from benchmarks import _artifacts as artifacts
+    from benchmarks._register_runs import CHECKED_RUNS
 
     stamp = artifacts.stamp(artifacts.by_script(__file__))
     with ThreadPoolExecutor(max_workers=jobs) as pool:

@@ -24,14 +24,18 @@ from benchmarks import _register_runs as kr
 KERNELS = Path(attnlib.kernels.__file__).parent
 
 
+def _is_jit(decorator: ast.expr) -> bool:
+    """``@triton.jit``, ``@jit`` or either called with options (``@triton.jit(do_not_specialize=...)``)."""
+    target = decorator.func if isinstance(decorator, ast.Call) else decorator
+    return ast.unparse(target).split(".")[-1] == "jit"
+
+
 def jit_kernels(source: str) -> set[str]:
-    """The ``@triton.jit`` functions of ``source`` named ``*_kernel`` (what a wrapper launches)."""
-    found = set()
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.FunctionDef) and node.name.endswith("_kernel"):
-            if any(ast.unparse(d).endswith("jit") for d in node.decorator_list):
-                found.add(node.name)
-    return found
+    """The ``@triton.jit`` functions of ``source`` named ``*_kernel`` (what a wrapper launches; the helpers
+    inlined into kernels are named otherwise, and the compile checks see kernels by these names)."""
+    return {node.name for node in ast.walk(ast.parse(source))
+            if isinstance(node, ast.FunctionDef) and node.name.endswith("_kernel")
+            and any(_is_jit(d) for d in node.decorator_list)}
 
 
 def kernels_in_repository() -> dict[str, set[str]]:
@@ -40,7 +44,7 @@ def kernels_in_repository() -> dict[str, set[str]]:
             for p in sorted(KERNELS.iterdir()) if p.is_dir() and (p / "__init__.py").exists()}
 
 
-def test_every_kernel_package_is_a_mechanisms_and_declares_its_family():
+def test_every_kernel_package_belongs_to_a_mechanism_and_declares_its_family():
     packages = {m.name for m in pkgutil.iter_modules(attnlib.kernels.__path__) if m.ispkg} - {"common"}
     assert packages == {m.kernels for m in REGISTRY.values()}, "a kernel package no mechanism names, or the reverse"
     for family in kernel_families():
@@ -48,23 +52,37 @@ def test_every_kernel_package_is_a_mechanisms_and_declares_its_family():
         assert len(set(family.kernels)) == len(family.kernels), family.package
 
 
-def test_every_kernel_of_the_repository_is_in_a_family():
-    """A package's own kernels are in its family; ``common``'s are in every family that launches them, and
-    each in one at least."""
-    source = kernels_in_repository()
-    families = {f.package: set(f.kernels) for f in kernel_families()}
-    for package, defined in source.items():
-        if package == "common":
-            continue
-        assert defined <= families[package], (package, sorted(defined - families[package]))
+def kernels_outside_their_family(source: dict[str, set[str]], families: dict[str, set[str]]) -> list[str]:
+    """The kernels of ``source`` (package -> kernels it defines) that no family names as it should: a
+    package's own kernels in its family; ``common``'s in some family; and any name a family gives that no
+    source defines."""
+    missing = [f"{package}.{k}" for package, defined in source.items() if package != "common"
+               for k in sorted(defined - families.get(package, set()))]
     named = set().union(*families.values())
-    assert source["common"] <= named, sorted(source["common"] - named)
-    assert named <= set().union(*source.values()), sorted(named - set().union(*source.values()))
+    missing += [f"common.{k}" for k in sorted(source.get("common", set()) - named)]
+    missing += [f"(named only) {k}" for k in sorted(named - set().union(*source.values()))]
+    return missing
+
+
+def test_every_kernel_of_the_repository_is_in_a_family():
+    families = {f.package: set(f.kernels) for f in kernel_families()}
+    assert kernels_outside_their_family(kernels_in_repository(), families) == []
 
 
 def test_a_kernel_left_out_of_its_family_is_found():
-    planted = "import triton\n@triton.jit\ndef _planted_kernel(X):\n    pass\n@triton.jit\ndef helper(x):\n    pass\n"
-    assert jit_kernels(planted) == {"_planted_kernel"}
+    planted = ("import triton\n@triton.jit\ndef _planted_kernel(X):\n    pass\n"
+               "@triton.jit(do_not_specialize=['T'])\ndef _options_kernel(X, T):\n    pass\n"
+               "@triton.jit\ndef helper(x):\n    pass\n")
+    assert jit_kernels(planted) == {"_planted_kernel", "_options_kernel"}
+    source = kernels_in_repository()
+    families = {f.package: set(f.kernels) for f in kernel_families()}
+    flash = families["flash"]
+    dropped = {**families, "flash": flash - {"_flash_fwd_kernel"}}
+    assert kernels_outside_their_family(source, dropped) == ["flash._flash_fwd_kernel"]
+    common_dropped = {p: k - {"softmax_bwd_preprocess_kernel"} for p, k in families.items()}
+    assert kernels_outside_their_family(source, common_dropped) == ["common.softmax_bwd_preprocess_kernel"]
+    renamed = {**families, "flash": flash | {"_no_such_kernel"}}
+    assert kernels_outside_their_family(source, renamed) == ["(named only) _no_such_kernel"]
 
 
 def test_a_mechanism_whose_kernel_package_declares_no_family_fails_by_name(monkeypatch):
@@ -76,7 +94,7 @@ def test_a_mechanism_whose_kernel_package_declares_no_family_fails_by_name(monke
         kernel_families()
 
 
-def test_every_familys_workloads_are_compiled_and_launch_exactly_its_kernels():
+def test_each_family_is_compiled_and_its_workloads_launch_exactly_its_kernels():
     """In the committed compile runs, the launches each family's workloads made are of exactly the family's
     kernels (the segmented linear forward's at D <= 128 only, which the ``head`` runs do not reach: they are
     compiled in the kernel report at the benchmark shapes, ``tests/test_kernel_report.py``)."""

@@ -84,7 +84,11 @@ def _autotuned_blocks() -> dict[str, tuple[str, int]]:
     from attnlib.kernels.common import launch
     from attnlib.mechanisms import kernel_families
 
-    widest = {k: f.max_head_dim for f in kernel_families() if f.tiles == "blocks" for k in f.kernels}
+    widest: dict[str, int] = {}
+    for f in kernel_families():
+        if f.tiles == "blocks":
+            for k in f.kernels:                     # a kernel several families launch: the widest head of any
+                widest[k] = max(widest.get(k, 0), f.max_head_dim)
     return {name: (kernel, widest[kernel]) for name, kernel in launch.TUNED_KERNEL.items() if kernel in widest}
 
 

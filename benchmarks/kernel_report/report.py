@@ -113,7 +113,7 @@ def pytorch_ops(captures, shapes) -> dict:
 
 
 def spec_label(s: dict) -> str:
-    """``kernel[CHUNK=64 BLOCK_D=128 DELTA; 8 warps, 2 stages]``: the tiles and flags that tell one
+    """``kernel[CHUNK=64 BLOCK_D=128 DELTA_RULE; 8 warps, 2 stages]``: the tiles and flags that tell one
     specialisation of a kernel from another."""
     consts = " ".join(k if v is True else f"{k}={v}" for k, v in s["consts"].items()
                       if v is True or (isinstance(v, int) and not isinstance(v, bool)))
