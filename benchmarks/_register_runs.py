@@ -21,8 +21,6 @@ One group of runs per kind of tiling (``KernelFamily.tiles``):
 
 from __future__ import annotations
 
-import torch
-
 from attnlib.mechanisms import kernel_families
 
 SMS = (80, 89, 90)
@@ -38,9 +36,8 @@ def kernels(tiles: str) -> tuple[str, ...]:
 
 
 def workloads(tiles: str, *, causal: bool | None = None) -> str:
-    """The families' workload names (``kernel_resources.py --workloads``), those of one causality if given.
-    Names only: the workloads are built, not run (their tensors are made when one is called)."""
-    names = [n for f in _families(tiles) for n in f.workloads(64, torch.bfloat16, torch.device("meta"), 64)]
+    """The families' workload names (``kernel_resources.py --workloads``), those of one causality if given."""
+    names = [n for f in _families(tiles) for n in f.workload_names()]
     if causal is not None:
         names = [n for n in names if n.endswith(" non-causal") != causal]
     return ",".join(names)

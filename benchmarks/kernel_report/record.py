@@ -237,7 +237,6 @@ def _inputs(shape, layout: str, gated: bool, delta: bool):
 # Variants of the ops that launch other specialisations, captured only for the spill tables.
 VARIANTS = ("softmax_noncausal", "softmax_fused", "softmax_fused_noncausal", "linear_noncausal",
             "gated_delta_dq_only", "window", "window_noncausal")
-SPILL_WINDOW = 512          # the sliding-window variants' band (a runtime integer: registers do not depend on it)
 
 
 def run_attnlib(op: str, shape) -> torch.Tensor:
@@ -254,8 +253,10 @@ def run_attnlib(op: str, shape) -> torch.Tensor:
     if base == "softmax":
         return attnlib.softmax_attention(q, k, v, causal=causal, deterministic="fused" not in op)
     if base == "window":
+        # the band of the window kernels' compile workloads (a runtime integer: registers do not depend on it)
+        from attnlib.kernels.window import WINDOW
         from attnlib.window import sliding_window_attention
-        return sliding_window_attention(q, k, v, window=SPILL_WINDOW, causal=causal)
+        return sliding_window_attention(q, k, v, window=WINDOW, causal=causal)
     if base == "linear":
         return attnlib.linear_attention(q, k, v, causal=causal)   # identity feature map, not normalised
     return attnlib.delta_rule(q, k, v, beta, g=g)

@@ -51,6 +51,11 @@ class KernelFamily:
         """:attr:`workloads`, or none where ``D`` is wider than the family's kernels take."""
         return self.workloads(D, dtype, device, T) if D <= self.max_head_dim else {}
 
+    def workload_names(self) -> list[str]:
+        """The names of its workloads (at the narrowest head, where every one of them exists): built, not run
+        -- their tensors are made when one is called."""
+        return list(self.workloads(16, torch.bfloat16, torch.device("meta"), 16))
+
 
 def empty(device: torch.device, dtype: torch.dtype) -> Callable[..., torch.Tensor]:
     """``x(*shape, dt=dtype)``: an uninitialised tensor on ``device`` (the workloads' inputs)."""
